@@ -1,0 +1,44 @@
+"""Defaults in one place. Everything user-tunable has its DEFAULT_* here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_PAIR = "default"
+DEFAULT_DRAFTER = "hybrid"
+DEFAULT_DRAFT_LENGTH = 4
+DEFAULT_MAX_NGRAM = 4
+DEFAULT_MIN_NGRAM = 2
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_TOP_K = 0
+DEFAULT_TOP_P = 1.0
+DEFAULT_MIN_P = 0.0
+
+#: Hard ceiling on draft length: beyond this the exact test's acceptance
+#: probability for the tail is negligible and the batch only costs time.
+MAX_DRAFT_LENGTH = 64
+
+
+def default_threads() -> int:
+    """Threads for llama.cpp: one per available core (hyper-threads rarely help)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cache_dir() -> Path:
+    """Where downloaded models and build artefacts live: never inside the repository.
+
+    ``EDGESPEC_CACHE`` wins, then ``$XDG_CACHE_HOME/edgespec``, then ``~/.cache/edgespec``.
+    """
+    env = os.environ.get("EDGESPEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "edgespec"
