@@ -99,13 +99,21 @@ def list_models(as_json: bool) -> None:
             i["name"],
             _human_size(i["size"]),
             "yes" if i["cached"] else "no",
-            ", ".join(f"{r['pair']} ({r['role']})" for r in i["pairs"]) or "-",
+            _roles_text(i["pairs"]),
         )
         for i in infos
     ]
     _table(("MODEL", "SIZE", "CACHED", "PAIRS"), rows)
     click.echo()
     _table(("PAIR", "TARGET", "DRAFT"), [(p.name, p.target, p.draft) for p in catalog.pairs.values()])
+
+
+def _roles_text(roles: list[dict[str, str]]) -> str:
+    """``default (target), tiny (target+draft)``."""
+    by_pair: dict[str, list[str]] = {}
+    for r in roles:
+        by_pair.setdefault(r["pair"], []).append(r["role"])
+    return ", ".join(f"{pair} ({'+'.join(rs)})" for pair, rs in by_pair.items()) or "-"
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

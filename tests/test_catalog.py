@@ -51,6 +51,8 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("EDGESPEC_CATALOG", raising=False)
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("EDGESPEC_NO_HF", "1")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no real ~/models copy can interfere
+    monkeypatch.delenv("EDGESPEC_MODELS_DIR", raising=False)
 
 
 # --------------------------------------------------------------------------- the shipped catalog

