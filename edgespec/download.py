@@ -529,8 +529,8 @@ def ensure_model(entry: ModelEntry, *, cache: Path | None = None, progress: bool
                 tried.append(f"{label}: {err}")
                 if source is not entry.sources[-1] and not isinstance(source, LocalSource):
                     _note(progress, f"{label}: {err}; trying the next source")
-            except CacheWriteError as err:
-                tried.append(f"{label}: {err.strerror}")
+            except OSError as err:  # sources turn their own I/O errors into SourceFailed: this is the cache
+                tried.append(f"{label}: {err.strerror or err}")
                 raise _failure(entry, tried, _write_headline(final, err)) from None
     finally:
         if locked is not None:
@@ -550,11 +550,11 @@ def _begin_download(
     return found
 
 
-def _write_headline(final: Path, err: CacheWriteError) -> str:
+def _write_headline(final: Path, err: OSError) -> str:
     where = final.parent
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"disk full: cannot store {final.name} in {where} ({err.strerror})"
     return (
-        f"cache directory {where} is not writable ({err.strerror}); "
+        f"cache directory {where} is not writable ({err.strerror or err}); "
         "set EDGESPEC_CACHE to a writable directory"
     )

