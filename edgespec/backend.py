@@ -1,0 +1,327 @@
+"""The only module that calls into llama-cpp-python.
+
+It loads a GGUF model into a llama.cpp context and keeps an exact record of what the context's
+KV cache holds (``tokens``), so that the speculative loop can:
+
+- score k draft tokens in one ``llama_decode`` call and get logits for just those positions
+  (never ``logits_all``: memory stays at n_outputs x n_vocab, not n_ctx x n_vocab);
+- roll the KV cache back to any prefix after a rejection (``sync``);
+- reuse the longest common prefix between calls (multi-turn chat re-decodes only what changed).
+
+Batch consistency: on the CPU, llama.cpp picks different matmul kernels by batch size (repacked
+Q4_K weights use a GEMV for fewer than 4 rows and a GEMM otherwise; llamafile's sgemm only runs
+for 2+ rows; flash attention tiles large query batches). A token scored alone and the same token
+scored inside a verification batch then get slightly different logits, and a near-tie can flip.
+``ModelOptions(batch_consistent=True)`` (the default) turns off what can be turned off at run time
+(weight repacking, flash attention); :func:`system_info` reports whether the llama.cpp build has
+llamafile's sgemm compiled in (edgespec's setup builds it without). See README, "Exactness".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ContextOverflowError, IncompatibleDraftError, ModelError
+
+import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
+from llama_cpp import _internals  # noqa: E402
+
+#: llama.cpp compares this many token texts, skipping the first few special ids; so do we,
+#: but over the whole shared vocabulary.
+_MAX_VOCAB_SIZE_DIFFERENCE = 128
+
+_log_lock = threading.Lock()
+_log_lines: list[str] = []
+_verbose = False
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Keep llama.cpp's log quiet but remember recent lines to explain load failures."""
+    line = text.decode("utf-8", errors="replace")
+    with _log_lock:
+        _log_lines.append(line)
+        del _log_lines[:-200]
+    if _verbose:
+        os.write(2, text)
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (off by default)."""
+    global _verbose
+    _verbose = verbose
+
+
+def _recent_errors() -> str:
+    with _log_lock:
+        lines = [ln.strip() for ln in _log_lines if ln.strip()]
+        _log_lines.clear()
+    relevant = [ln for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return "; ".join(relevant[-3:])
+
+
+def system_info() -> dict[str, str]:
+    """llama.cpp's build features, e.g. {'AVX512': '1', 'LLAMAFILE': '0', ...}."""
+    text = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+    info: dict[str, str] = {}
+    for part in text.replace("|", " ").split():
+        if "=" in part:
+            key, _, value = part.partition("=")
+            info[key.strip()] = value.strip()
+    return info
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to load one GGUF model. ``n_gpu_layers=-1`` offloads every layer."""
+
+    path: Path
+    n_gpu_layers: int = 0
+    n_threads: int = 1
+    n_ctx: int = 4096
+    n_batch: int = 512
+    batch_consistent: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise ModelError with a precise reason if ``path`` cannot be a loadable GGUF file."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelError(f"model path is a directory, not a GGUF file: {path}")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as err:
+        raise ModelError(f"cannot read model file {path}: {err.strerror or err}") from None
+    if magic != b"GGUF":
+        raise ModelError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+class LlamaBackend:
+    """One llama.cpp model and context, with the KV cache contents tracked in ``tokens``."""
+
+    def __init__(self, options: ModelOptions) -> None:
+        self.options = options
+        path = Path(options.path)
+        check_gguf_file(path)
+        _recent_errors()  # drop stale lines
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers
+        if options.batch_consistent:
+            mparams.use_extra_bufts = False  # no weight repacking: one matmul kernel for any batch
+        try:
+            self._model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=True)
+        except ValueError:
+            reason = _recent_errors() or "llama.cpp could not load it (corrupt or unsupported)"
+            raise ModelError(f"failed to load {path.name}: {reason}") from None
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = options.n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = options.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = options.n_threads
+        cparams.n_threads_batch = options.n_threads
+        cparams.no_perf = True
+        if options.batch_consistent:
+            cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        try:
+            self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=True)
+        except ValueError:
+            reason = _recent_errors() or "out of memory?"
+            self._model.close()
+            raise ModelError(f"failed to create a context of {options.n_ctx} tokens: {reason}") from None
+        self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
+        self._vocab = self._model.vocab
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx.ctx)
+        #: token ids held by the KV cache, position i holds tokens[i]
+        self.tokens: list[int] = []
+        self.path = path
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the context and model (idempotent)."""
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.close()
+            self._ctx = None
+        if getattr(self, "_model", None) is not None:
+            self._model.close()
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # ---- KV cache --------------------------------------------------------------------------
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        """Trim the KV cache to its longest common prefix with ``prefix``; return its length."""
+        n = _common_prefix(self.tokens, prefix)
+        if n < len(self.tokens):
+            ok = llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, n, -1)
+            if not ok:  # recurrent models cannot drop a suffix: start over
+                llama_cpp.llama_memory_clear(self._ctx.memory, True)
+                n = 0
+            del self.tokens[n:]
+        return n
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        llama_cpp.llama_memory_clear(self._ctx.memory, True)
+        self.tokens.clear()
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append ``tokens`` to the KV cache; return logits of the last ``n_logits`` of them.
+
+        The result has shape ``(n_logits, n_vocab)``, float32; row j predicts the token after
+        ``tokens[len(tokens) - n_logits + j]``. Only those rows are computed by llama.cpp.
+        """
+        if not 0 <= n_logits <= len(tokens):
+            raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
+        start = len(self.tokens)
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
+            )
+        out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
+        first_logit = len(tokens) - n_logits
+        step = self.options.n_batch
+        try:
+            for c0 in range(0, len(tokens), step):
+                chunk = tokens[c0 : c0 + step]
+                batch = self._batch
+                batch.n_tokens = len(chunk)
+                for j, tok in enumerate(chunk):
+                    batch.token[j] = tok
+                    batch.pos[j] = start + c0 + j
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = c0 + j >= first_logit
+                rc = llama_cpp.llama_decode(self._ctx.ctx, batch)
+                if rc != 0:
+                    raise ModelError(f"llama_decode failed with code {rc}")
+                self.tokens.extend(chunk)
+                for j in range(max(0, first_logit - c0), len(chunk)):
+                    ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, j)
+                    out[c0 + j - first_logit] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        except BaseException:
+            # Interrupted or failed mid-way: the cache may hold more than `tokens` says.
+            # Forget it all; the next sync() re-decodes the prompt. Never silently wrong.
+            self.reset()
+            raise
+        return out
+
+    # ---- vocabulary ------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids; ``add_special`` adds BOS where the model wants one."""
+        add_bos = add_special and bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        return self._model.tokenize(text.encode("utf-8"), add_bos, parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (may be part of a multi-byte character)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry's text (as stored in the GGUF), for compatibility checks."""
+        return (llama_cpp.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation (EOS, EOT, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def vocab_type(self) -> int:
+        return int(llama_cpp.llama_vocab_type(self._vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self._vocab))
+
+    def metadata(self) -> dict[str, str]:
+        """GGUF key/value metadata (string values)."""
+        return self._model.metadata()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Render chat messages with the model's own template (GGUF ``tokenizer.chat_template``)."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.metadata().get("tokenizer.chat_template")
+        if not template:
+            raise ModelError(f"{self.path.name} has no chat template: use raw mode (--raw)")
+        formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
+            bos_token=self.token_text(self.bos) if self.bos >= 0 else "",
+        )
+        return formatter(messages=messages).prompt
+
+    def describe(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model.model, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def check_compatible(target: LlamaBackend, draft: LlamaBackend) -> None:
+    """Refuse a draft whose tokens do not mean the same as the target's.
+
+    Same vocabulary type, same BOS/EOS, vocab sizes within 128 (padding rows), and identical
+    token texts over the shared range. Raises IncompatibleDraftError saying what differs.
+    """
+    name = f"draft {draft.path.name} cannot draft for target {target.path.name}"
+    if target.vocab_type != draft.vocab_type:
+        raise IncompatibleDraftError(f"{name}: tokenizer types differ")
+    diff = abs(target.n_vocab - draft.n_vocab)
+    if diff > _MAX_VOCAB_SIZE_DIFFERENCE:
+        raise IncompatibleDraftError(
+            f"{name}: vocabulary sizes differ ({target.n_vocab} vs {draft.n_vocab})"
+        )
+    if (target.bos, target.eos) != (draft.bos, draft.eos):
+        raise IncompatibleDraftError(
+            f"{name}: special tokens differ (BOS/EOS {target.bos}/{target.eos} "
+            f"vs {draft.bos}/{draft.eos})"
+        )
+    for tok in range(min(target.n_vocab, draft.n_vocab)):
+        if target.token_text(tok) != draft.token_text(tok):
+            raise IncompatibleDraftError(
+                f"{name}: token {tok} is {target.token_text(tok)!r} in the target "
+                f"but {draft.token_text(tok)!r} in the draft"
+            )
