@@ -37,6 +37,10 @@ from llama_cpp import _internals  # noqa: E402
 #: but over the whole shared vocabulary.
 _MAX_VOCAB_SIZE_DIFFERENCE = 128
 
+#: Largest decode batch that uses the same kernels as a single token when repacking, llamafile
+#: and flash attention are off: ggml-cpu's tiled K-quant matmul starts at 8 rows.
+CONSISTENT_BATCH = 7
+
 _log_lock = threading.Lock()
 _log_lines: list[str] = []
 _verbose = False
@@ -74,11 +78,17 @@ def system_info() -> dict[str, str]:
     """llama.cpp's build features, e.g. {'AVX512': '1', 'LLAMAFILE': '0', ...}."""
     text = llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
     info: dict[str, str] = {}
-    for part in text.replace("|", " ").split():
-        if "=" in part:
-            key, _, value = part.partition("=")
-            info[key.strip()] = value.strip()
+    for part in text.split("|"):
+        key, sep, value = part.rpartition("=")
+        if sep:
+            info[key.split(":")[-1].strip()] = value.strip()
     return info
+
+
+def consistent_build() -> bool:
+    """True if llama.cpp was built without llamafile's sgemm (which only runs for 2+ rows and so
+    makes a batch's logits differ from one token's). edgespec's setup builds it that way."""
+    return system_info().get("LLAMAFILE", "0") == "0"
 
 
 def gpu_offload_supported() -> bool:
@@ -206,10 +216,9 @@ class LlamaBackend:
             )
         out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
         first_logit = len(tokens) - n_logits
-        step = self.options.n_batch
         try:
-            for c0 in range(0, len(tokens), step):
-                chunk = tokens[c0 : c0 + step]
+            for c0, c1 in self._chunks(len(tokens), first_logit):
+                chunk = tokens[c0:c1]
                 batch = self._batch
                 batch.n_tokens = len(chunk)
                 for j, tok in enumerate(chunk):
@@ -231,6 +240,16 @@ class LlamaBackend:
             self.reset()
             raise
         return out
+
+    def _chunks(self, n: int, first_logit: int) -> list[tuple[int, int]]:
+        """Split a decode into llama_decode calls: tokens without logits (prefill) in batches of
+        n_batch; tokens whose logits are read, in batch-consistent mode, in batches small enough
+        that every one of them goes through the same matmul kernels as a single token."""
+        step = self.options.n_batch
+        spans = [(c, min(c + step, first_logit)) for c in range(0, first_logit, step)]
+        step = CONSISTENT_BATCH if self.options.batch_consistent else self.options.n_batch
+        spans += [(c, min(c + step, n)) for c in range(first_logit, n, step)]
+        return spans
 
     # ---- vocabulary ------------------------------------------------------------------------
 

@@ -46,20 +46,21 @@ class Verdict:
 def verify(
     draft_tokens: Sequence[int],
     q_draft: Sequence[np.ndarray | None],
-    p_target: np.ndarray,
+    p_target: Sequence[np.ndarray],
     rng: np.random.Generator,
 ) -> Verdict:
     """Run the exact rejection test over one round of drafts.
 
-    ``p_target`` has shape ``(k + 1, V)``: row i is the target distribution at draft position i,
-    the last row the distribution after all k drafts. ``q_draft[i]`` is the (processed) draft
+    ``p_target`` holds k + 1 rows (an array of shape ``(k + 1, V)`` or any sequence of rows,
+    e.g. one that processes rows lazily): row i is the target distribution at draft position i,
+    the last row the distribution after all k drafts. Rows after a rejection are never read. ``q_draft[i]`` is the (processed) draft
     distribution ``x_i`` was sampled from, or ``None`` for a one-hot (deterministic) draft.
     """
     k = len(draft_tokens)
-    if len(q_draft) != k or p_target.shape[0] != k + 1:
+    if len(q_draft) != k or len(p_target) != k + 1:
         raise ValueError(
             f"verify: {k} drafts, {len(q_draft)} draft distributions, "
-            f"{p_target.shape[0]} target rows (need k, k, k+1)"
+            f"{len(p_target)} target rows (need k, k, k+1)"
         )
     for i, (x, q) in enumerate(zip(draft_tokens, q_draft)):
         p = p_target[i]

@@ -1,0 +1,170 @@
+"""Drafters: cheap proposals of the next few tokens, behind one small interface.
+
+A drafter looks at the committed tokens (prompt + generated) and proposes up to ``k`` next
+tokens, each with the processed distribution it was sampled from (``None`` for a deterministic,
+one-hot proposal). The target then verifies them all in one batched call.
+
+- ``none``: proposes nothing; the loop degenerates to plain autoregressive decoding.
+- ``lookup``: prompt-lookup n-gram copying (one-hot proposals, ~free).
+- ``model``: an autoregressive GGUF draft model sampled with the same processing as the target.
+- ``hybrid``: lookup when it finds a match, else the draft model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from .errors import ConfigError
+from .lookup import find_continuation
+from .sampling import SamplingParams, process, sample
+
+DRAFTER_NAMES = ("none", "lookup", "model", "hybrid")
+
+
+@dataclass
+class Draft:
+    """Proposed tokens, the distributions they were drawn from, and who proposed them."""
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray | None] = field(default_factory=list)
+    source: str = "none"
+    ngram: int = 0  #: for lookup: length of the matched n-gram
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class DraftModel(Protocol):
+    """What the model drafter needs from a backend (see :class:`edgespec.backend.LlamaBackend`)."""
+
+    n_ctx: int
+    tokens: list[int]
+
+    def sync(self, prefix: Sequence[int]) -> int: ...
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, rng: np.random.Generator
+    ) -> Draft:
+        """Propose up to k tokens to follow ``context``."""
+        ...
+
+
+class NoDrafter:
+    """Plain decoding through the same loop: the baseline everything is compared with."""
+
+    name = "none"
+
+    def propose(self, context, k, params, rng) -> Draft:
+        return Draft(source="none")
+
+
+class LookupDrafter:
+    """Copy the continuation of the longest recurring suffix n-gram (one-hot proposals)."""
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ConfigError(
+                f"n-gram sizes must satisfy 1 <= min ({min_ngram}) <= max ({max_ngram})"
+            )
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, context, k, params, rng) -> Draft:
+        match = find_continuation(
+            context, max_ngram=self.max_ngram, min_ngram=self.min_ngram, max_tokens=k
+        )
+        if match is None or not match.tokens:
+            return Draft(source="lookup")
+        return Draft(match.tokens, [None] * len(match.tokens), "lookup", match.ngram)
+
+
+class ModelDrafter:
+    """Sample k tokens autoregressively from a small GGUF model.
+
+    The draft model's KV cache is kept in step with the committed text by ``sync``: accepted
+    draft tokens stay cached, rejected ones are dropped, so each round decodes only what is new.
+    Logits are mapped onto the target's vocabulary (``n_vocab``) before processing, so ``q`` and
+    the target's ``p`` are distributions over the same tokens.
+    """
+
+    name = "model"
+
+    def __init__(self, model: DraftModel, n_vocab: int):
+        self.model = model
+        self.n_vocab = n_vocab
+
+    def propose(self, context, k, params, rng) -> Draft:
+        k = min(k, self.model.n_ctx - len(context))
+        draft = Draft(source="model")
+        if k <= 0:
+            return draft
+        n_cached = self.model.sync(context)
+        if n_cached == len(context):  # everything cached: re-feed the last token for its logits
+            self.model.sync(context[:-1])
+            n_cached -= 1
+        logits = self.model.decode(context[n_cached:], 1)[0]
+        for i in range(k):
+            q = process(self._to_target_vocab(logits), params)
+            x = int(np.argmax(q)) if params.greedy else sample(q, rng)
+            draft.tokens.append(x)
+            draft.q.append(None if params.greedy else q)  # greedy q is one-hot on x
+            if i + 1 < k:
+                logits = self.model.decode([x], 1)[0]
+        return draft
+
+    def _to_target_vocab(self, logits: np.ndarray) -> np.ndarray:
+        if logits.size == self.n_vocab:
+            return logits
+        if logits.size > self.n_vocab:
+            return logits[: self.n_vocab]
+        return np.concatenate([logits, np.full(self.n_vocab - logits.size, -np.inf, logits.dtype)])
+
+
+class HybridDrafter:
+    """Lookup when the text so far has a recurring n-gram; the draft model otherwise."""
+
+    name = "hybrid"
+
+    def __init__(self, lookup: LookupDrafter, model: ModelDrafter):
+        self.lookup = lookup
+        self.model = model
+
+    def propose(self, context, k, params, rng) -> Draft:
+        draft = self.lookup.propose(context, k, params, rng)
+        if draft.tokens:
+            return draft
+        return self.model.propose(context, k, params, rng)
+
+
+def make_drafter(
+    name: str,
+    draft_model: DraftModel | None = None,
+    n_vocab: int = 0,
+    *,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+) -> Drafter:
+    """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model."""
+    if name not in DRAFTER_NAMES:
+        raise ConfigError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+    if name == "none":
+        return NoDrafter()
+    lookup = LookupDrafter(max_ngram, min_ngram)
+    if name == "lookup":
+        return lookup
+    if draft_model is None:
+        raise ConfigError(f"drafter {name!r} needs a draft model (--draft)")
+    model = ModelDrafter(draft_model, n_vocab)
+    return model if name == "model" else HybridDrafter(lookup, model)

@@ -1,0 +1,285 @@
+"""The public engine: load a target (and draft), stream exact speculative completions.
+
+Layers, each a generator over the one below (as in mlx-lm):
+``loop.rounds`` (tokens per verification round) -> ``Engine.stream`` (text chunks with
+provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the stream).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from . import config
+from .drafters import DRAFTER_NAMES, make_drafter
+from .errors import ConfigError, ContextOverflowError, EdgespecError
+from .loop import prefill, rounds
+from .rejection import Source
+from .sampling import SamplingParams, make_rng
+from .stats import Stats
+from .textstream import TextStream
+
+Prompt = str | Sequence[dict[str, str]]
+
+
+class EngineBusyError(EdgespecError):
+    """The engine is already generating (one generation at a time per engine)."""
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One emitted token: its id, the text it completed, and where it came from."""
+
+    id: int
+    text: str
+    source: Source
+
+
+@dataclass
+class Chunk:
+    """A piece of confirmed output. ``finish_reason`` is set on the last chunk only:
+    ``"stop"`` (end-of-generation token or stop string), ``"length"`` (max_tokens) or
+    ``"context"`` (the context window is full)."""
+
+    text: str
+    tokens: list[TokenInfo]
+    stats: Stats
+    finish_reason: str | None = None
+
+
+@dataclass
+class Completion:
+    """A whole completion: the joined text, the reason it ended, its tokens and stats."""
+
+    text: str
+    finish_reason: str
+    tokens: list[TokenInfo] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "tokens": len(self.tokens),
+            "stats": self.stats.to_dict(),
+        }
+
+
+def validate_draft_length(k: int) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= config.MAX_DRAFT_LENGTH:
+        raise ConfigError(f"draft length must be an integer in [0, {config.MAX_DRAFT_LENGTH}], got {k!r}")
+    return k
+
+
+class Engine:
+    """Exact speculative decoding over a llama.cpp target and an optional draft model.
+
+    Build one with :meth:`Engine.load`; use :meth:`stream` for live output or :meth:`complete`
+    for the whole text. One generation runs at a time; a second concurrent call raises
+    :class:`EngineBusyError`. Close the engine (or use it as a context manager) to free memory.
+    """
+
+    def __init__(
+        self,
+        target,
+        draft=None,
+        *,
+        drafter: str = config.DEFAULT_DRAFTER,
+        draft_length: int = config.DEFAULT_DRAFT_LENGTH,
+        max_ngram: int = config.DEFAULT_MAX_NGRAM,
+        min_ngram: int = config.DEFAULT_MIN_NGRAM,
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.drafter_name = drafter
+        make_drafter(drafter, draft, target.n_vocab, max_ngram=max_ngram, min_ngram=min_ngram)
+        self.draft_length = validate_draft_length(draft_length)
+        self._lock = threading.Lock()
+
+    # ---- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        target: str | os.PathLike = "qwen2.5-coder-1.5b-instruct-q4_k_m",
+        draft: str | os.PathLike | None = "qwen2.5-coder-0.5b-instruct-q4_k_m",
+        *,
+        drafter: str = config.DEFAULT_DRAFTER,
+        draft_length: int = config.DEFAULT_DRAFT_LENGTH,
+        n_gpu_layers: int = 0,
+        draft_n_gpu_layers: int | None = None,
+        n_threads: int | None = None,
+        n_ctx: int = config.DEFAULT_N_CTX,
+        n_batch: int = config.DEFAULT_N_BATCH,
+        batch_consistent: bool = True,
+        download: bool = True,
+        progress: bool = True,
+    ) -> "Engine":
+        """Load models by catalog name or GGUF path (catalog models are fetched on first use).
+
+        ``draft=None`` loads no draft model (drafters ``none`` and ``lookup`` only).
+        ``draft_n_gpu_layers`` defaults to ``n_gpu_layers``. ``batch_consistent`` makes the
+        target's logits independent of how many tokens are scored per call (see README).
+        """
+        from .backend import LlamaBackend, ModelOptions, check_compatible
+        from .catalog import resolve_model
+
+        if drafter not in DRAFTER_NAMES:
+            raise ConfigError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+        validate_draft_length(draft_length)
+        threads = n_threads if n_threads is not None else config.default_threads()
+        if threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        if n_ctx < 16:
+            raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
+        target_path = resolve_model(str(target), download=download, progress=progress)
+        draft_path = None
+        if draft is not None and drafter in ("model", "hybrid"):
+            draft_path = resolve_model(str(draft), download=download, progress=progress)
+
+        def options(path: Path, ngl: int) -> ModelOptions:
+            return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx,
+                                n_batch=n_batch, batch_consistent=batch_consistent)
+
+        target_be = LlamaBackend(options(target_path, n_gpu_layers))
+        draft_be = None
+        try:
+            if draft_path is not None:
+                ngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+                draft_be = LlamaBackend(options(draft_path, ngl))
+                check_compatible(target_be, draft_be)
+            return cls(target_be, draft_be, drafter=drafter, draft_length=draft_length)
+        except BaseException:
+            if draft_be is not None:
+                draft_be.close()
+            target_be.close()
+            raise
+
+    def close(self) -> None:
+        """Free both models."""
+        for model in (self.draft, self.target):
+            if model is not None and hasattr(model, "close"):
+                model.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, system: str | None = None) -> list[int]:
+        """Tokenize a prompt. ``chat=True`` wraps a string as one user message and applies the
+        model's chat template; a list of ``{"role", "content"}`` messages is always templated."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ConfigError("the prompt is empty")
+            if not chat:
+                return self.target.tokenize(prompt, add_special=True, parse_special=False)
+            messages = [{"role": "user", "content": prompt}]
+            if system:
+                messages.insert(0, {"role": "system", "content": system})
+        else:
+            messages = list(prompt)
+            if not messages:
+                raise ConfigError("the conversation is empty")
+        text = self.target.chat_prompt(messages)
+        return self.target.tokenize(text, add_special=True, parse_special=True)
+
+    # ---- generation ------------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = config.DEFAULT_MAX_TOKENS,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        drafter: str | None = None,
+        draft_length: int | None = None,
+        chat: bool = True,
+        system: str | None = None,
+    ) -> Iterator[Chunk]:
+        """Generate, yielding confirmed text as each verification round ends.
+
+        Each chunk carries its tokens with their provenance and the live :class:`Stats`.
+        Closing the generator early (``break``, ``.close()``, Ctrl-C) leaves the engine ready
+        for the next call.
+        """
+        sampling = sampling or SamplingParams()
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        name = drafter or self.drafter_name
+        k = validate_draft_length(self.draft_length if draft_length is None else draft_length)
+        drafter_obj = make_drafter(name, self.draft, self.target.n_vocab,
+                                   max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+        tokens = self.prompt_tokens(prompt, chat=chat, system=system)
+        if len(tokens) >= self.target.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(tokens)} tokens but the context holds {self.target.n_ctx}: "
+                "shorten it or raise --ctx"
+            )
+        with self._exclusive():
+            yield from self._generate(tokens, drafter_obj, k, sampling, max_tokens, stop)
+
+    def complete(self, prompt: Prompt, **kwargs) -> Completion:
+        """Generate the whole completion (same arguments as :meth:`stream`)."""
+        parts: list[str] = []
+        infos: list[TokenInfo] = []
+        chunk = None
+        for chunk in self.stream(prompt, **kwargs):
+            parts.append(chunk.text)
+            infos.extend(chunk.tokens)
+        assert chunk is not None and chunk.finish_reason is not None
+        return Completion("".join(parts), chunk.finish_reason, infos, chunk.stats)
+
+    @contextmanager
+    def _exclusive(self):
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusyError("this engine is already generating; wait for it or use another engine")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _generate(self, prompt, drafter, k, sampling, max_tokens, stop) -> Iterator[Chunk]:
+        target = self.target
+        stats = Stats(prompt_tokens=len(prompt))
+        start = time.perf_counter()
+        stats.cached_prompt_tokens = prefill(target, prompt)
+        stats.time_prefill = time.perf_counter() - start
+        text = TextStream(stop)
+        rng = make_rng(sampling.seed)
+        finish = None
+        for rnd in rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens):
+            infos: list[TokenInfo] = []
+            for tok, src in zip(rnd.tokens, rnd.sources):
+                if target.is_eog(tok):
+                    finish = "stop"
+                    break
+                stats.generated += 1
+                infos.append(TokenInfo(tok, text.push(target.token_bytes(tok)), src))
+                if text.stopped:
+                    finish = "stop"
+                    break
+                if stats.generated >= max_tokens:
+                    finish = "length"
+                    break
+            stats.time_total = time.perf_counter() - start
+            if finish:
+                tail = text.flush()
+                if tail and infos:
+                    infos[-1] = TokenInfo(infos[-1].id, infos[-1].text + tail, infos[-1].source)
+                    tail = ""
+                yield Chunk("".join(i.text for i in infos) + tail, infos, stats, finish)
+                return
+            yield Chunk("".join(i.text for i in infos), infos, stats)
+        stats.time_total = time.perf_counter() - start
+        yield Chunk(text.flush(), [], stats, "context")

@@ -1,0 +1,115 @@
+"""The speculative decoding loop: draft, score in one batch, verify, repeat.
+
+Invariant between rounds: the target's KV cache holds every committed token but the last one.
+A round feeds ``[last committed token] + drafts`` in one call and reads k + 1 rows of logits:
+row i scores draft i, the last row gives the bonus token. After the verdict the cache is cut
+back to the accepted prefix on the next round's ``sync`` (the invariant again).
+
+The loop only needs ``sync`` / ``decode`` from the target, so unit tests drive it with
+scripted fakes, and the real engine with :class:`edgespec.backend.LlamaBackend`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from .drafters import Drafter
+from .rejection import Source, verify
+from .sampling import SamplingParams, process
+from .stats import Stats
+
+
+class Target(Protocol):
+    n_ctx: int
+    tokens: list[int]
+
+    def sync(self, prefix: Sequence[int]) -> int: ...
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Round:
+    """Tokens one verification round emitted, with where each came from."""
+
+    tokens: list[int]
+    sources: list[Source]
+    drafter: str
+    drafted: int
+    accepted: int
+
+
+class _ProcessedRows:
+    """Target rows processed on first access: rows after a rejection are never computed."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+        self._logits = logits
+        self._params = params
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self._logits.shape[0]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = process(self._logits[i], self._params)
+        return row
+
+
+def prefill(target: Target, prompt: Sequence[int]) -> int:
+    """Bring the target's cache to ``prompt[:-1]``; return how many tokens were already cached."""
+    cached = target.sync(prompt[:-1])
+    if cached < len(prompt) - 1:
+        target.decode(prompt[cached:-1], 0)
+    return cached
+
+
+def rounds(
+    target: Target,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    rng: np.random.Generator,
+    draft_length: int,
+    stats: Stats,
+    max_new_tokens: int | None = None,
+) -> Iterator[Round]:
+    """Yield verification rounds until the context is full (the caller stops on anything else).
+
+    ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
+    """
+    committed = list(prompt)
+    emitted = 0
+    while len(committed) < target.n_ctx:
+        k = min(draft_length, target.n_ctx - len(committed))
+        if max_new_tokens is not None:
+            k = min(k, max(max_new_tokens - emitted - 1, 0))
+
+        t0 = time.perf_counter()
+        draft = drafter.propose(committed, k, params, rng) if k > 0 else None
+        tokens = draft.tokens[:k] if draft else []
+        q = draft.q[: len(tokens)] if draft else []
+        t1 = time.perf_counter()
+
+        target.sync(committed[:-1])
+        logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
+        t2 = time.perf_counter()
+
+        verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
+        t3 = time.perf_counter()
+
+        new = tokens[: verdict.n_accepted] + [verdict.next_token]
+        sources = [Source.DRAFT] * verdict.n_accepted + [verdict.next_source]
+        committed.extend(new)
+        emitted += len(new)
+        name = draft.source if draft and tokens else "none"
+        stats.record_round(name, len(tokens), verdict.n_accepted)
+        stats.time_drafting += t1 - t0
+        stats.time_target += t2 - t1
+        stats.time_sampling += t3 - t2
+        yield Round(new, sources, name, len(tokens), verdict.n_accepted)
