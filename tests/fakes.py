@@ -1,0 +1,221 @@
+"""Scripted fake models for the loop and engine tests: no llama.cpp, no files.
+
+:class:`FakeLM` implements the backend surface the loop, the drafters and the engine use
+(``n_ctx``, ``n_vocab``, ``tokens``, ``sync``, ``decode``, ``tokenize``, ``chat_prompt``,
+``token_bytes``, ``is_eog``, ``close``), with the semantics of
+:class:`edgespec.backend.LlamaBackend`: ``tokens`` mirrors the KV cache, ``sync`` trims it to the
+longest common prefix, ``decode`` appends and raises past ``n_ctx``.
+
+Its logits come from a *table*: a deterministic function of the whole prefix in the fake's own
+cache (not only of the last token). So a loop that decodes at the wrong position, forgets to
+roll back rejected drafts or re-feeds a token gets different logits, and different results.
+Every ``decode`` and ``sync`` call is recorded for the tests to inspect.
+
+Tables compose: :class:`Table` (Markov part + whole-prefix hash part), :class:`Perturbed`
+(another table plus hash noise: a draft that mostly agrees with its target), :class:`Scripted`
+(forces a given continuation after a given position: scripted text for the engine tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from edgespec.errors import ContextOverflowError
+
+
+def _prefix_normal(salt: int, prefix: tuple[int, ...], n: int) -> np.ndarray:
+    """Standard normals that depend on every token of ``prefix`` (and on ``salt``)."""
+    h = hashlib.blake2b(np.asarray(prefix, dtype=np.int64).tobytes(), digest_size=8,
+                        salt=salt.to_bytes(8, "little"))
+    return np.random.default_rng(int.from_bytes(h.digest(), "little")).normal(size=n)
+
+
+class LogitTable:
+    """A cached function ``prefix -> float32 logits`` over ``n_vocab`` tokens."""
+
+    n_vocab: int
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def __call__(self, prefix: Sequence[int]) -> np.ndarray:
+        key = tuple(int(t) for t in prefix)
+        row = self._cache.get(key)
+        if row is None:
+            row = self._cache[key] = np.asarray(self._compute(key), dtype=np.float32)
+            row.flags.writeable = False
+        return row
+
+    def _compute(self, prefix: tuple[int, ...]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class Table(LogitTable):
+    """``markov * M[prefix[-1]] + context * H(prefix)``, minus infinity on ``banned`` tokens.
+
+    ``M`` is a random transition matrix (it makes greedy text repeat, so prompt lookup finds
+    matches); ``H`` is a hash of the whole prefix (it makes every position's logits depend on
+    everything before it).
+    """
+
+    def __init__(self, n_vocab: int, seed: int = 0, *, markov: float = 2.0, context: float = 1.0,
+                 banned: Iterable[int] = ()) -> None:
+        super().__init__()
+        self.n_vocab = n_vocab
+        self.seed = seed
+        self.markov = markov
+        self.context = context
+        self.banned = sorted(set(banned))
+        self.M = np.random.default_rng(seed).normal(size=(n_vocab + 1, n_vocab))
+
+    def _compute(self, prefix):
+        last = prefix[-1] if prefix else self.n_vocab  # row n_vocab: the empty prefix
+        row = self.markov * self.M[last] + self.context * _prefix_normal(self.seed, prefix, self.n_vocab)
+        row[self.banned] = -np.inf
+        return row
+
+
+class Perturbed(LogitTable):
+    """``base(prefix) + scale * H'(prefix)``: a draft that agrees with ``base`` only partly."""
+
+    def __init__(self, base: LogitTable, seed: int, scale: float) -> None:
+        super().__init__()
+        self.base, self.seed, self.scale = base, seed, scale
+        self.n_vocab = base.n_vocab
+
+    def _compute(self, prefix):
+        return self.base(prefix) + self.scale * _prefix_normal(10_000 + self.seed, prefix, self.n_vocab)
+
+
+class Scripted(LogitTable):
+    """``base`` with a large bonus on ``script[i]`` for a prefix of length ``start + i``.
+
+    Greedy decoding from a prompt of ``start`` tokens then follows ``script`` exactly (and
+    ``base`` after it). Each position depends on the prefix length, so decoding at the wrong
+    position derails the script.
+    """
+
+    def __init__(self, base: LogitTable, script: Sequence[int], start: int, margin: float = 40.0) -> None:
+        super().__init__()
+        self.base, self.script, self.start, self.margin = base, list(script), start, margin
+        self.n_vocab = base.n_vocab
+
+    def _compute(self, prefix):
+        row = np.array(self.base(prefix), dtype=np.float64)
+        i = len(prefix) - self.start
+        if 0 <= i < len(self.script):
+            row[self.script[i]] = max(row[np.isfinite(row)].max(), 0.0) + self.margin
+        return row
+
+
+@dataclass(frozen=True)
+class DecodeCall:
+    """One recorded ``decode``: where it started, what it fed, how many rows it returned,
+    and what the cache held before it."""
+
+    pos: int
+    tokens: tuple[int, ...]
+    n_logits: int
+    cache: tuple[int, ...]
+
+
+def default_vocab(n_vocab: int) -> list[bytes]:
+    """Token i is one printable character (distinct for up to 94 tokens)."""
+    return [bytes([33 + i % 94]) for i in range(n_vocab)]
+
+
+class FakeLM:
+    """A scripted fake of :class:`edgespec.backend.LlamaBackend` (see the module docstring)."""
+
+    def __init__(self, table: LogitTable, *, n_ctx: int = 256, vocab: Sequence[bytes] | None = None,
+                 eog: Iterable[int] = (), bos: int | None = None) -> None:
+        self.table = table
+        self.n_vocab = table.n_vocab
+        self.n_ctx = n_ctx
+        self.vocab = list(vocab) if vocab is not None else default_vocab(self.n_vocab)
+        if len(self.vocab) != self.n_vocab:
+            raise ValueError(f"vocab has {len(self.vocab)} entries for n_vocab={self.n_vocab}")
+        self.eog = frozenset(eog)
+        self.bos = bos
+        self.tokens: list[int] = []
+        self.calls: list[DecodeCall] = []
+        self.syncs: list[tuple[int, ...]] = []
+        self.closed = False
+
+    # ---- KV cache ---------------------------------------------------------------------------
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        self.syncs.append(tuple(prefix))
+        n = 0
+        for a, b in zip(self.tokens, prefix):
+            if a != b:
+                break
+            n += 1
+        del self.tokens[n:]
+        return n
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        if not 0 <= n_logits <= len(tokens):
+            raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
+        if any(not 0 <= t < self.n_vocab for t in tokens):
+            raise ValueError(f"token out of range in {tokens}")
+        start = len(self.tokens)
+        if start + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(f"{start + len(tokens)} tokens do not fit in {self.n_ctx}")
+        self.calls.append(DecodeCall(start, tuple(tokens), n_logits, tuple(self.tokens)))
+        self.tokens.extend(tokens)
+        first = start + len(tokens) - n_logits
+        out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
+        for j in range(n_logits):
+            out[j] = self.table(self.tokens[: first + j + 1])
+        return out
+
+    @property
+    def decoded(self) -> int:
+        """Tokens fed to ``decode`` so far (all calls)."""
+        return sum(len(c.tokens) for c in self.calls)
+
+    def reset_log(self) -> None:
+        self.calls.clear()
+        self.syncs.clear()
+
+    # ---- vocabulary -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Deterministic, not invertible: byte b becomes token ``b % n_vocab`` (never BOS/EOG)."""
+        plain = [t for t in range(self.n_vocab) if t not in self.eog and t != self.bos]
+        ids = [plain[b % len(plain)] for b in text.encode("utf-8")]
+        return ([self.bos] if add_special and self.bos is not None else []) + ids
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab[token]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def pair(n_vocab: int = 8, *, seed: int = 1, draft: str = "perturbed", scale: float = 1.5,
+         n_ctx: int = 256, draft_n_ctx: int | None = None, **table_kw) -> tuple[FakeLM, FakeLM]:
+    """A target fake and a draft fake: ``draft`` is ``"same"`` (the target's own table),
+    ``"perturbed"`` (target + noise of ``scale``: partial agreement) or ``"independent"``."""
+    t = Table(n_vocab, seed, **table_kw)
+    if draft == "same":
+        d = t
+    elif draft == "perturbed":
+        d = Perturbed(t, seed, scale)
+    elif draft == "independent":
+        d = Table(n_vocab, seed + 1000, **table_kw)
+    else:
+        raise ValueError(draft)
+    return FakeLM(t, n_ctx=n_ctx), FakeLM(d, n_ctx=draft_n_ctx or n_ctx)
