@@ -1,0 +1,426 @@
+"""Engine over scripted fakes: stop conditions, errors, reentrancy, stats, provenance, UTF-8.
+
+The target follows a script (tests/fakes.Scripted: a large logit bonus on script[i] at
+generated position i, a random whole-prefix table after it, with BOS/EOG banned there), so greedy
+text is known in advance. Draft models are the target's own table ("same": every draft
+accepted), a script with typos (rejections at known positions) or a perturbed table.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec import config
+from edgespec.engine import Completion, Engine, EngineBusyError
+from edgespec.errors import ConfigError, ContextOverflowError
+from edgespec.rejection import Source
+from edgespec.sampling import SamplingParams
+
+from .fakes import FakeLM, Perturbed, Scripted, Table
+
+BOS, EOG = 0, 1
+VOCAB = [b"<s>", b"</s>", b"a", b"b", b"c", b" ", b"h", b"e", b"l", b"o", b"w", b"r", b"d", b"lo",
+         b"\n", b"\xc3", b"\xa9", b"\xe2", b"\x82\xac", b"\xf0\x9f", b"\x98\x80", b"!"]
+V = len(VOCAB)
+PROMPT = "hi"
+GREEDY = SamplingParams(temperature=0)
+
+
+def ids(*pieces) -> list[int]:
+    return [VOCAB.index(p if isinstance(p, bytes) else p.encode()) for p in pieces]
+
+
+HELLO = ids("h", "e", "l", "lo", " ", "w", "o", "r", "l", "d", "!")  # "hello world!"
+
+
+def prompt_len(prompt=PROMPT) -> int:
+    return len(FakeLM(Table(V), vocab=VOCAB, bos=BOS, eog=[EOG]).tokenize(prompt))
+
+
+def fake(table, n_ctx) -> FakeLM:
+    return FakeLM(table, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS)
+
+
+def build(script=(), *, draft="same", typos=None, drafter="model", n_ctx=128, k=4, seed=0,
+          prompt=PROMPT) -> Engine:
+    """An engine whose greedy target text is ``script`` (then free text without EOG).
+
+    ``draft``: "same", "typos" (the script with ``typos`` {position: token} changed),
+    "perturbed", or None (no draft model).
+    """
+    start = prompt_len(prompt)
+    base = Table(V, seed, banned=[BOS, EOG])
+    table = Scripted(base, script, start)
+    target = fake(table, n_ctx)
+    if draft is None:
+        dm = None
+    elif draft == "same":
+        dm = fake(table, n_ctx)
+    elif draft == "typos":
+        wrong = list(script)
+        for i, t in (typos or {}).items():
+            wrong[i] = t
+        dm = fake(Scripted(base, wrong, start), n_ctx)
+    elif draft == "perturbed":
+        dm = fake(Perturbed(table, seed, 2.0), n_ctx)
+    else:
+        raise ValueError(draft)
+    return Engine(target, dm, drafter=drafter, draft_length=k)
+
+
+def complete(engine, prompt=PROMPT, **kw) -> Completion:
+    kw.setdefault("chat", False)
+    kw.setdefault("sampling", GREEDY)
+    return engine.complete(prompt, **kw)
+
+
+def stream(engine, prompt=PROMPT, **kw):
+    kw.setdefault("chat", False)
+    kw.setdefault("sampling", GREEDY)
+    return engine.stream(prompt, **kw)
+
+
+DRAFTERS = {  # name -> build() arguments
+    "none": dict(drafter="none", draft=None),
+    "lookup": dict(drafter="lookup", draft=None),
+    "model-same": dict(drafter="model", draft="same"),
+    "model-perturbed": dict(drafter="model", draft="perturbed"),
+    "hybrid": dict(drafter="hybrid", draft="perturbed"),
+}
+
+
+# ---- stop conditions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", DRAFTERS)
+@pytest.mark.parametrize("k", [1, 4])
+def test_stops_on_eog_without_emitting_it(setup, k):
+    # EOG in the middle of what a k = 4 round drafts: the tokens after it are not emitted
+    script = ids("h", "e", "l") + [EOG] + ids("a", "b", "c")
+    out = complete(build(script, k=k, **DRAFTERS[setup]))
+    assert (out.text, out.finish_reason) == ("hel", "stop")
+    assert [t.id for t in out.tokens] == script[:3]
+    assert out.stats.generated == 3
+
+
+@pytest.mark.parametrize("setup", ["none", "model-same"])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_stop_string_split_across_tokens_and_rounds(setup, k):
+    # "lo w" spans the tokens "lo", " ", "w": with drafter none (or k = 1 with every draft
+    # accepted: 2 tokens a round) it spans rounds too.
+    engine = build(HELLO, k=k, **DRAFTERS[setup])
+    chunks = list(stream(engine, stop=["lo w"]))
+    assert "".join(c.text for c in chunks) == "hel"
+    assert chunks[-1].finish_reason == "stop"
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    # the tokens up to the one completing the stop string are counted, none after it
+    assert chunks[-1].stats.generated == 6 == sum(len(c.tokens) for c in chunks)
+
+
+def test_earliest_stop_string_wins_and_text_before_it_in_the_same_token_is_kept():
+    out = complete(build(HELLO), stop=["world", "o w", "zzz"])
+    assert (out.text, out.finish_reason) == ("hell", "stop")
+
+
+@pytest.mark.parametrize("end", ["eog", "length", "context"])
+def test_held_back_stop_prefix_is_released_when_generation_ends(end):
+    # "lo" could start the stop string "lo!" and is held back; when generation ends for
+    # another reason it is real output and must appear.
+    script = ids("h", "e", "lo") + ([EOG] if end == "eog" else [])
+    n_ctx = prompt_len() + 3 if end == "context" else 128
+    engine = build(script, drafter="none", draft=None, n_ctx=n_ctx)
+    out = complete(engine, stop=["lo!"], max_tokens=3 if end == "length" else 50)
+    assert out.text == "helo"
+    assert out.finish_reason == {"eog": "stop", "length": "length", "context": "context"}[end]
+
+
+@pytest.mark.parametrize("setup", ["none", "lookup", "model-same", "model-perturbed", "hybrid"])
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 7, 12, 30])
+def test_max_tokens_is_exact(setup, max_tokens):
+    out = complete(build(**DRAFTERS[setup]), max_tokens=max_tokens)
+    assert out.finish_reason == "length"
+    assert out.stats.generated == len(out.tokens) == max_tokens
+    assert out.text == "".join(t.text for t in out.tokens)
+    # no round drafted past the budget: every emitted token was delivered
+    assert out.stats.accepted + out.stats.rounds == max_tokens
+
+
+@pytest.mark.parametrize("setup", DRAFTERS)
+def test_context_full(setup):
+    n_ctx = 24
+    engine = build(n_ctx=n_ctx, **DRAFTERS[setup])
+    out = complete(engine, max_tokens=1000)
+    assert out.finish_reason == "context"
+    # every cache slot but at most one is used (see the xfail in test_loop.py on the last one)
+    assert n_ctx - prompt_len() <= out.stats.generated <= n_ctx + 1 - prompt_len()
+    assert max(c.pos + len(c.tokens) for c in engine.target.calls) <= n_ctx
+
+
+# ---- errors before any work --------------------------------------------------------------------
+
+
+def test_prompt_too_long_raises_before_any_decode():
+    engine = build(n_ctx=16)
+    long_prompt = "x" * 15  # BOS + 15 = 16 tokens: no room for an answer
+    gen = stream(engine, long_prompt)
+    with pytest.raises(ContextOverflowError, match="16 tokens"):
+        next(gen)
+    assert engine.target.calls == [] and engine.target.syncs == []
+    assert engine.draft.calls == [] and engine.draft.syncs == []
+    # the longest prompt that fits (n_ctx - 1 tokens) still gets an answer
+    out = complete(engine, "x" * 14)
+    assert out.finish_reason == "context" and out.stats.generated >= 1
+
+
+@pytest.mark.parametrize("prompt,chat", [("", False), ("  \n", False), ("", True), ([], True)])
+def test_empty_prompt_is_a_config_error(prompt, chat):
+    engine = build()
+    with pytest.raises(ConfigError):
+        next(engine.stream(prompt, chat=chat))
+    assert engine.target.calls == []
+
+
+@pytest.mark.parametrize("kwargs", [dict(draft_length=-1), dict(draft_length=config.MAX_DRAFT_LENGTH + 1),
+                                    dict(draft_length=True), dict(draft_length=2.0),
+                                    dict(drafter="nope"), dict(drafter="model", draft=None),
+                                    dict(drafter="hybrid", draft=None)])
+def test_bad_engine_settings_are_config_errors(kwargs):
+    kwargs = {"drafter": "model", "draft": "same", **kwargs}
+    k = kwargs.pop("draft_length", 4)
+    with pytest.raises(ConfigError):
+        build(k=k, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(draft_length=-1), dict(draft_length=65), dict(drafter="nope"),
+                                    dict(max_tokens=0), dict(max_tokens=1.5)])
+def test_bad_call_settings_are_config_errors(kwargs):
+    engine = build()
+    with pytest.raises(ConfigError):
+        next(stream(engine, **kwargs))
+    assert engine.target.calls == []
+    assert complete(engine, max_tokens=3).stats.generated == 3  # the engine is still fine
+
+
+def test_model_drafter_on_an_engine_without_draft_is_a_config_error():
+    engine = build(drafter="lookup", draft=None)
+    with pytest.raises(ConfigError, match="draft model"):
+        next(stream(engine, drafter="model"))
+
+
+def test_draft_length_zero_is_plain_decoding():
+    out = complete(build(HELLO), draft_length=0, max_tokens=11)
+    assert out.text == "hello world!" and out.stats.drafted == 0
+    assert {t.source for t in out.tokens} == {Source.TARGET}
+
+
+# ---- reentrancy ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", ["model-perturbed", "hybrid", "lookup"])
+def test_closing_the_stream_early_leaves_the_engine_usable(setup):
+    engine = build(**DRAFTERS[setup])
+    want = complete(build(**DRAFTERS[setup]), max_tokens=40)
+    gen = stream(engine, max_tokens=40)
+    first = next(gen)
+    assert first.text and first.finish_reason is None
+    gen.close()  # the cache now holds a half-finished generation's tokens and drafts
+    again = complete(engine, max_tokens=40)
+    assert again.text == want.text
+    assert [t.id for t in again.tokens] == [t.id for t in want.tokens]
+    assert again.stats.cached_prompt_tokens == prompt_len() - 1  # the prompt was reused
+
+
+def test_an_exception_thrown_into_the_stream_leaves_the_engine_usable():
+    engine = build(**DRAFTERS["model-perturbed"])
+    want = complete(build(**DRAFTERS["model-perturbed"]), max_tokens=30)
+    gen = stream(engine, max_tokens=30)
+    next(gen)
+    next(gen)
+    with pytest.raises(KeyboardInterrupt):
+        gen.throw(KeyboardInterrupt)
+    assert complete(engine, max_tokens=30).text == want.text
+
+
+def test_second_stream_while_one_is_open_is_refused_and_the_first_continues():
+    engine = build(**DRAFTERS["hybrid"])
+    want = complete(build(**DRAFTERS["hybrid"]), max_tokens=40)
+    first = stream(engine, max_tokens=40)
+    chunks = [next(first)]
+    n_calls = len(engine.target.calls), len(engine.target.syncs)
+    with pytest.raises(EngineBusyError):
+        next(stream(engine, "another prompt", max_tokens=40))
+    with pytest.raises(EngineBusyError):
+        complete(engine, max_tokens=5)
+    assert (len(engine.target.calls), len(engine.target.syncs)) == n_calls  # nothing touched
+    chunks += list(first)
+    assert "".join(c.text for c in chunks) == want.text
+    assert chunks[-1].finish_reason == "length"
+    assert complete(engine, max_tokens=40).text == want.text  # and the lock was released
+
+
+def test_seeded_sampling_is_reproducible_on_a_reused_engine():
+    params = SamplingParams(temperature=1.0, seed=123)
+    engine = build(**DRAFTERS["hybrid"])
+    a = complete(engine, sampling=params, max_tokens=40)
+    gen = stream(engine, sampling=params, max_tokens=40)
+    next(gen)
+    gen.close()
+    b = complete(engine, sampling=params, max_tokens=40)
+    c = complete(build(**DRAFTERS["hybrid"]), sampling=params, max_tokens=40)
+    assert a.text == b.text == c.text
+    assert a.stats.drafted and a.stats.accepted < a.stats.drafted
+
+
+# ---- stats -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", DRAFTERS)
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0, top_p=0.9, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_stats_invariants(setup, params):
+    engine = build(**DRAFTERS[setup])
+    chunks, delivered = [], 0
+    for chunk in stream(engine, sampling=params, max_tokens=60, stop=["zzz"]):
+        delivered += len(chunk.tokens)
+        assert chunk.stats.generated == delivered  # live stats, updated as chunks stream
+        chunks.append(chunk)
+    s = chunks[-1].stats
+    assert s.generated == sum(len(c.tokens) for c in chunks) == 60
+    assert s.prompt_tokens == prompt_len() and s.cached_prompt_tokens == 0
+    assert 0 <= s.accepted <= s.drafted
+    assert sum(s.accepted_hist) == s.rounds
+    assert sum(n * c for n, c in enumerate(s.accepted_hist)) == s.accepted
+    assert sum(v.rounds for v in s.by_drafter.values()) == s.rounds
+    assert sum(v.drafted for v in s.by_drafter.values()) == s.drafted
+    assert sum(v.accepted for v in s.by_drafter.values()) == s.accepted
+    assert s.acceptance_rate == (s.accepted / s.drafted if s.drafted else 0.0)
+    assert s.mean_accepted == s.accepted / s.rounds
+    assert s.rounds == len(engine.target.calls) - 1  # one target call per round, plus prefill
+    assert s.time_total >= s.time_prefill >= 0
+    assert min(s.time_drafting, s.time_target, s.time_sampling) >= 0
+    assert s.time_drafting + s.time_target + s.time_sampling <= s.time_total
+    if setup == "none":
+        assert s.drafted == 0 and set(s.by_drafter) == {"none"}
+    if setup == "hybrid":
+        assert {"lookup", "model"} <= set(s.by_drafter)
+    # a second run reuses the prompt's cache
+    assert complete(engine, max_tokens=2).stats.cached_prompt_tokens == prompt_len() - 1
+
+
+def test_completion_to_dict_names():
+    out = complete(build(**DRAFTERS["hybrid"]), max_tokens=20)
+    d = out.to_dict()
+    assert set(d) == {"text", "finish_reason", "tokens", "stats"}
+    assert (d["text"], d["finish_reason"], d["tokens"]) == (out.text, "length", 20)
+    st = d["stats"]
+    for name in ("rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted",
+                 "accepted_hist", "tokens_per_second", "generated", "prompt_tokens", "by_drafter"):
+        assert name in st
+    assert {"drafting", "target", "sampling"} <= set(st["time"])
+    assert (st["rounds"], st["drafted"], st["accepted"]) == (out.stats.rounds, out.stats.drafted,
+                                                              out.stats.accepted)
+    assert st["acceptance_rate"] == round(out.stats.accepted / out.stats.drafted, 4)
+    assert st["accepted_hist"] == out.stats.accepted_hist
+    json.dumps(d)  # JSON-ready
+
+
+# ---- provenance ------------------------------------------------------------------------------------
+
+
+def test_plain_decoding_is_all_target():
+    out = complete(build(HELLO, drafter="none", draft=None), max_tokens=30)
+    assert {t.source for t in out.tokens} == {Source.TARGET}
+
+
+def test_draft_equal_to_target_gives_draft_and_bonus_only():
+    k = 4
+    out = complete(build(k=k), max_tokens=50)  # 10 rounds of k drafts + 1 bonus
+    assert [t.source for t in out.tokens] == ([Source.DRAFT] * k + [Source.BONUS]) * 10
+
+
+def test_corrections_land_exactly_on_the_drafts_typos():
+    typos = {2: ids("a")[0], 9: ids("b")[0]}
+    out = complete(build(HELLO, draft="typos", typos=typos, k=4), max_tokens=len(HELLO))
+    assert out.text == "hello world!"
+    corrected = [i for i, t in enumerate(out.tokens) if t.source == Source.CORRECTED]
+    assert corrected == [2, 9]
+    # rounds: 2 drafts + correction | 4 drafts + bonus | 2 drafts (budget) with the second
+    # corrected | nothing left to draft: one plain target token
+    D, B, C, T = Source.DRAFT, Source.BONUS, Source.CORRECTED, Source.TARGET
+    assert [t.source for t in out.tokens] == [D, D, C, D, D, D, D, B, D, C, T]
+
+
+def test_lookup_provenance():
+    # "abcabc..." script: lookup has nothing to copy at first (TARGET), then copies (DRAFT,
+    # BONUS); the script then changes, so a copied draft is rejected once (CORRECTED).
+    script = ids(*"abcabcabcabcabc") + ids("h", "e", "l", "lo", "w", "o", "r", "d")
+    out = complete(build(script, drafter="lookup", draft=None, k=4), max_tokens=len(script))
+    sources = [t.source for t in out.tokens]
+    assert [t.id for t in out.tokens] == script
+    assert sources[:4] == [Source.TARGET] * 4  # no bigram recurs before "abca" + "b"
+    assert {Source.DRAFT, Source.BONUS, Source.CORRECTED, Source.TARGET} == set(sources)
+    assert sources[15] == Source.CORRECTED  # "h" replaces the copied "a"
+
+
+# ---- UTF-8 ---------------------------------------------------------------------------------------
+
+UTF8_SCRIPT = ids("a", b"\xc3", b"\xa9", "b", b"\xe2", b"\x82\xac", b"\xf0\x9f", b"\x98\x80", "c")
+
+
+@pytest.mark.parametrize("setup,k", [("none", 4), ("model-same", 1), ("model-same", 2),
+                                     ("model-same", 3), ("model-same", 4)])
+def test_multibyte_characters_split_across_tokens(setup, k):
+    engine = build(UTF8_SCRIPT + [EOG], k=k, **DRAFTERS[setup])
+    chunks = list(stream(engine))
+    assert "".join(c.text for c in chunks) == "aéb€😀c"
+    assert all("\ufffd" not in c.text for c in chunks)
+    texts = [t.text for c in chunks for t in c.tokens]
+    # the token that completes a character carries it; the partial ones carry nothing
+    assert texts == ["a", "", "é", "b", "", "€", "", "😀", "c"]
+
+
+def test_multibyte_character_in_a_stop_string():
+    out = complete(build(UTF8_SCRIPT), stop=["€"])
+    assert (out.text, out.finish_reason) == ("aéb", "stop")
+
+
+def test_length_cut_inside_a_character_shows_one_replacement_character():
+    # Documented (TextStream.flush): incomplete bytes at the end become U+FFFD, not lost silently.
+    out = complete(build(UTF8_SCRIPT), max_tokens=5)
+    assert out.text == "aéb\ufffd"
+
+
+# ---- prompts and lifecycle ------------------------------------------------------------------------
+
+
+def test_chat_prompts_go_through_the_template():
+    engine = build()
+    t = engine.target
+    want = t.tokenize(t.chat_prompt([{"role": "system", "content": "S"},
+                                     {"role": "user", "content": "hi"}]))
+    assert engine.prompt_tokens("hi", system="S") == want
+    msgs = [{"role": "user", "content": "hi"}]
+    assert engine.prompt_tokens(msgs) == t.tokenize(t.chat_prompt(msgs))
+    assert engine.prompt_tokens("hi", chat=False) == t.tokenize("hi")
+    out = engine.complete("hi", system="S", max_tokens=3, sampling=GREEDY)
+    assert out.stats.prompt_tokens == len(want)
+
+
+def test_close_frees_both_models():
+    engine = build()
+    with engine as e:
+        complete(e, max_tokens=2)
+    assert engine.target.closed and engine.draft.closed
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "stop='END' (a str, not a list) is iterated as the stop strings 'E', 'N', 'D'"))
+def test_a_single_stop_string_passed_as_str():
+    # Either fix passes: take the str as one stop string, or refuse it with a ConfigError.
+    try:
+        out = complete(build(HELLO), stop="wor")  # the text has an 'o' before 'wor'
+    except ConfigError:
+        return
+    assert out.text == "hello "
