@@ -15,7 +15,7 @@ from edgespec.errors import ConfigError, EdgespecError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _user_errors(func: F) -> F:
+def user_errors(func: F) -> F:
     """Print :class:`EdgespecError` as ``error: <message>`` and exit with its code, no traceback."""
 
     @functools.wraps(func)
@@ -82,7 +82,7 @@ def models() -> None:
 
 @models.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@_user_errors
+@user_errors
 def list_models(as_json: bool) -> None:
     """Show the catalog's models (size, whether cached, pairs) and pairs."""
     catalog = load_catalog()
@@ -125,7 +125,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 @models.command("pull")
 @click.argument("names", nargs=-1, required=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-@_user_errors
+@user_errors
 def pull(names: tuple[str, ...], quiet: bool) -> None:
     """Fetch models (or both models of a pair) into the cache and print their paths."""
     catalog = load_catalog()
@@ -136,7 +136,7 @@ def pull(names: tuple[str, ...], quiet: bool) -> None:
 
 @models.command("path")
 @click.argument("name")
-@_user_errors
+@user_errors
 def path(name: str) -> None:
     """Print the path of a cached model (exit 1 if it is not cached; never downloads)."""
     click.echo(str(resolve_model(name, download=False, progress=False)))

@@ -107,9 +107,10 @@ class Engine:
     @classmethod
     def load(
         cls,
-        target: str | os.PathLike = "qwen2.5-coder-1.5b-instruct-q4_k_m",
-        draft: str | os.PathLike | None = "qwen2.5-coder-0.5b-instruct-q4_k_m",
+        target: str | os.PathLike | None = None,
+        draft: str | os.PathLike | None = None,
         *,
+        pair: str = config.DEFAULT_PAIR,
         drafter: str = config.DEFAULT_DRAFTER,
         draft_length: int = config.DEFAULT_DRAFT_LENGTH,
         n_gpu_layers: int = 0,
@@ -123,12 +124,14 @@ class Engine:
     ) -> "Engine":
         """Load models by catalog name or GGUF path (catalog models are fetched on first use).
 
-        ``draft=None`` loads no draft model (drafters ``none`` and ``lookup`` only).
+        With no ``target``, the catalog pair ``pair`` gives target and draft. With an explicit
+        ``target`` and no ``draft``, no draft model is loaded (drafters ``none``, ``lookup``).
+        The draft model is only loaded when the drafter uses it (``model``, ``hybrid``).
         ``draft_n_gpu_layers`` defaults to ``n_gpu_layers``. ``batch_consistent`` makes the
         target's logits independent of how many tokens are scored per call (see README).
         """
         from .backend import LlamaBackend, ModelOptions, check_compatible
-        from .catalog import resolve_model
+        from .catalog import resolve_model, resolve_pair
 
         if drafter not in DRAFTER_NAMES:
             raise ConfigError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTER_NAMES)}")
@@ -138,6 +141,9 @@ class Engine:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if n_ctx < 16:
             raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
+        if target is None:
+            chosen = resolve_pair(pair)
+            target, draft = chosen.target, draft if draft is not None else chosen.draft
         target_path = resolve_model(str(target), download=download, progress=progress)
         draft_path = None
         if draft is not None and drafter in ("model", "hybrid"):
@@ -201,7 +207,7 @@ class Engine:
         *,
         max_tokens: int = config.DEFAULT_MAX_TOKENS,
         sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] = (),
         drafter: str | None = None,
         draft_length: int | None = None,
         chat: bool = True,
@@ -214,6 +220,8 @@ class Engine:
         for the next call.
         """
         sampling = sampling or SamplingParams()
+        if isinstance(stop, str):
+            stop = [stop]
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         name = drafter or self.drafter_name

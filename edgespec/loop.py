@@ -86,7 +86,9 @@ def rounds(
     committed = list(prompt)
     emitted = 0
     while len(committed) < target.n_ctx:
-        k = min(draft_length, target.n_ctx - len(committed))
+        # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
+        # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
+        k = min(draft_length, target.n_ctx - len(committed) - 1)
         if max_new_tokens is not None:
             k = min(k, max(max_new_tokens - emitted - 1, 0))
 

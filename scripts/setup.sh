@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up edgespec from nothing: .venv, llama-cpp-python built for batch-consistent logits, the
+# package with its test dependencies. Idempotent and quick when already done.
+#
+# llama-cpp-python is compiled from source with llamafile's sgemm turned off (it only runs for
+# 2+ tokens, so a batch's logits would differ from a single token's; see README "Exactness").
+# The wheel is cached outside the repository, keyed by version and CMake flags, because pip's own
+# wheel cache ignores CMAKE_ARGS. GPU users add their flags, e.g.
+#   EDGESPEC_CMAKE_ARGS="-DGGML_CUDA=on" make setup
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+LLAMA_VERSION=0.3.36
+CMAKE_FLAGS="-DGGML_LLAMAFILE=OFF ${EDGESPEC_CMAKE_ARGS:-}"
+CACHE=${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}
+TAG=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)
+WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$TAG"
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+
+if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "==> building llama-cpp-python $LLAMA_VERSION ($CMAKE_FLAGS): once, ~7-10 minutes on 2 cores"
+  start=$(date +%s)
+  rm -rf "$WHEELS.partial" && mkdir -p "$WHEELS.partial"
+  CMAKE_ARGS="$CMAKE_FLAGS" .venv/bin/python -m pip wheel -q --no-deps --no-cache-dir \
+    --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS.partial"
+  mv "$WHEELS.partial" "$WHEELS"  # only a finished build ever has the final name
+  echo "==> built in $(( $(date +%s) - start ))s: $WHEELS"
+fi
+
+if [ "$(cat .venv/.llama-build 2>/dev/null)" != "$TAG" ]; then
+  echo "==> installing llama-cpp-python build $TAG"
+  .venv/bin/python -m pip install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
+  echo "$TAG" > .venv/.llama-build
+fi
+
+echo "==> installing edgespec"
+.venv/bin/python -m pip install -q -e ".[test]"
