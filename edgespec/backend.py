@@ -161,7 +161,11 @@ class LlamaBackend:
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         self._vocab = self._model.vocab
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx.ctx)
+        # llama.cpp may pad the context and clamp the batch to it: use what it really has,
+        # but never more context than was asked for.
+        self.n_ctx: int = min(options.n_ctx, llama_cpp.llama_n_ctx(self._ctx.ctx))
+        self._n_batch: int = min(llama_cpp.llama_n_batch(self._ctx.ctx),
+                                 llama_cpp.llama_n_ubatch(self._ctx.ctx))
         #: token ids held by the KV cache, position i holds tokens[i]
         self.tokens: list[int] = []
         self.path = path
@@ -245,9 +249,9 @@ class LlamaBackend:
         """Split a decode into llama_decode calls: tokens without logits (prefill) in batches of
         n_batch; tokens whose logits are read, in batch-consistent mode, in batches small enough
         that every one of them goes through the same matmul kernels as a single token."""
-        step = self.options.n_batch
+        step = self._n_batch
         spans = [(c, min(c + step, first_logit)) for c in range(0, first_logit, step)]
-        step = CONSISTENT_BATCH if self.options.batch_consistent else self.options.n_batch
+        step = min(CONSISTENT_BATCH, step) if self.options.batch_consistent else step
         spans += [(c, min(c + step, n)) for c in range(first_logit, n, step)]
         return spans
 

@@ -1,0 +1,128 @@
+"""Real llama.cpp on the tiny SmolLM2-135M model: fast end-to-end checks of the engine and CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.backend import LlamaBackend, ModelOptions
+from edgespec.engine import Engine
+from edgespec.sampling import SamplingParams
+
+from .real_util import GREEDY, ids
+
+pytestmark = pytest.mark.real
+
+STORY = "Once upon a time, in a small village by the sea, there lived"
+
+
+def test_self_draft_accepts_every_token_even_when_sampling(tiny_engine):
+    # Draft and target are the same model scoring the same tokens: with batch-consistent logits
+    # q == p bit for bit, so min(1, p/q) == 1 and every draft must pass, also at temperature 1.
+    for params in (GREEDY, SamplingParams(temperature=1.0, seed=5)):
+        out = tiny_engine.complete(STORY, max_tokens=200, chat=False, draft_length=5, sampling=params)
+        assert out.stats.drafted > 100
+        assert out.stats.accepted == out.stats.drafted, params
+
+
+def test_chat_template_from_gguf_is_applied(tiny_engine):
+    target = tiny_engine.target
+    tokens = tiny_engine.prompt_tokens("Hello there")
+    [im_start] = target.tokenize("<|im_start|>", add_special=False)  # one special token
+    [im_end] = target.tokenize("<|im_end|>", add_special=False)
+    assert tokens.count(im_start) == 3 and tokens.count(im_end) == 2  # system, user, assistant
+    text = b"".join(target.token_bytes(t) for t in tokens).decode()  # specials render empty
+    assert "user\nHello there" in text and text.endswith("assistant\n")
+    # raw mode: the text as is, special-looking text not parsed as special tokens
+    raw = tiny_engine.prompt_tokens("<|im_start|>", chat=False)
+    assert im_start not in raw
+
+
+def test_long_generation_does_not_drift(tiny_engine):
+    """Fill a 1024-token context: every drafter gives the same greedy text to the last token."""
+    with Engine.load(pair="tiny", drafter="hybrid", n_ctx=1024, progress=False) as engine:
+        outs = {d: engine.complete(STORY, max_tokens=5000, chat=False, drafter=d, sampling=GREEDY)
+                for d in ("none", "model", "hybrid")}
+    n_prompt = outs["none"].stats.prompt_tokens
+    for name, out in outs.items():
+        assert out.finish_reason == "context", name
+        assert out.stats.generated == 1024 - n_prompt, name
+        assert ids(out) == ids(outs["none"]), name
+
+
+def test_kv_cache_matches_a_fresh_decode_after_sampled_run_with_rollbacks(tiny_engine):
+    """After ~600 sampled tokens with many rejections, the engine's cache must hold exactly the
+    committed text: the next-token logits equal those of a fresh context fed the same tokens."""
+    engine = tiny_engine
+    # Lookup's one-hot drafts are often rejected at temperature 1 (the self-draft never is).
+    song = "la la la, the sun is up, la la la, the sea is blue, " * 4
+    out = engine.complete(song, max_tokens=600, chat=False, drafter="lookup", draft_length=4,
+                          sampling=SamplingParams(temperature=1.0, seed=11))
+    assert out.stats.drafted > 100 and out.stats.accepted_hist[0] > 20  # many rollbacks
+    assert out.stats.accepted > 20
+    prompt = engine.prompt_tokens(song, chat=False)
+    committed = prompt + ids(out)
+    engine.target.sync(committed[:-1])
+    assert engine.target.tokens == committed[:-1]
+    ours = engine.target.decode(committed[-1:], 1)[0]
+
+    fresh = LlamaBackend(ModelOptions(path=engine.target.path, n_threads=engine.target.options.n_threads,
+                                      n_ctx=engine.target.n_ctx))
+    try:
+        fresh.decode(prompt[:-1], 0)  # same prefill as the engine did
+        theirs = fresh.decode(committed[len(prompt) - 1:], len(committed) - len(prompt) + 1)[-1]
+    finally:
+        fresh.close()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("edgespec")
+    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+
+
+def test_cli_complete_streams_text_and_stats():
+    res = run_cli("complete", "What is the capital of France?", "--pair", "tiny", "-n", "24", "--stats")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip()
+    assert "tok/s" in res.stderr and "accepted" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_json_from_stdin():
+    res = run_cli("complete", "--pair", "tiny", "-n", "16", "--json", "--temperature", "0.7",
+                  "--seed", "3", stdin="Tell me a joke.")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert set(data) == {"text", "finish_reason", "tokens", "stats"}
+    assert data["finish_reason"] in ("stop", "length") and 0 < data["tokens"] <= 16
+    for key in ("rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted",
+                "accepted_hist", "tokens_per_second"):
+        assert key in data["stats"]
+    assert set(data["stats"]["time"]) >= {"drafting", "target", "sampling"}
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--temperature", "-1"], 2, "temperature"),
+        (["--top-p", "0"], 2, "top_p"),
+        (["--drafter", "magic"], 2, "magic"),
+        (["--target", "/no/such/model.gguf"], 1, "not found"),
+        (["--target", str(Path(__file__).parent)], 1, "directory"),
+        (["--ctx", "64"], 1, "context"),
+    ],
+)
+def test_cli_user_errors_are_clear_and_traceback_free(args, code, message):
+    prompt = "word " * 80  # longer than a 64-token context
+    res = run_cli("complete", prompt, "--pair", "tiny", "-n", "4", *args)
+    assert res.returncode == code, res.stderr
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr
