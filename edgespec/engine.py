@@ -113,6 +113,8 @@ class Engine:
         pair: str = config.DEFAULT_PAIR,
         drafter: str = config.DEFAULT_DRAFTER,
         draft_length: int = config.DEFAULT_DRAFT_LENGTH,
+        max_ngram: int = config.DEFAULT_MAX_NGRAM,
+        min_ngram: int = config.DEFAULT_MIN_NGRAM,
         n_gpu_layers: int = 0,
         draft_n_gpu_layers: int | None = None,
         n_threads: int | None = None,
@@ -136,6 +138,7 @@ class Engine:
         if drafter not in DRAFTER_NAMES:
             raise ConfigError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTER_NAMES)}")
         validate_draft_length(draft_length)
+        make_drafter("lookup", max_ngram=max_ngram, min_ngram=min_ngram)  # validates n-gram sizes
         threads = n_threads if n_threads is not None else config.default_threads()
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
@@ -160,7 +163,8 @@ class Engine:
                 ngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 draft_be = LlamaBackend(options(draft_path, ngl))
                 check_compatible(target_be, draft_be)
-            return cls(target_be, draft_be, drafter=drafter, draft_length=draft_length)
+            return cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
+                       max_ngram=max_ngram, min_ngram=min_ngram)
         except BaseException:
             if draft_be is not None:
                 draft_be.close()
