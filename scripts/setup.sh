@@ -39,5 +39,15 @@ if [ "$(cat .venv/.llama-build 2>/dev/null)" != "$TAG" ]; then
   echo "$TAG" > .venv/.llama-build
 fi
 
+# tmux drives `edgespec chat` in a real terminal in the tests.
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing tmux (Debian package)"
+    apt-get update -qq && apt-get install -y -qq tmux >/dev/null
+  else
+    echo "warning: tmux not found; the terminal test of \`edgespec chat\` will fail (install tmux)" >&2
+  fi
+fi
+
 echo "==> installing edgespec"
 .venv/bin/python -m pip install -q -e ".[test]"
