@@ -128,6 +128,16 @@ def default_vocab(n_vocab: int) -> list[bytes]:
     return [bytes([33 + i % 94]) for i in range(n_vocab)]
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class FakeLM:
     """A scripted fake of :class:`edgespec.backend.LlamaBackend` (see the module docstring)."""
 
@@ -150,11 +160,7 @@ class FakeLM:
 
     def sync(self, prefix: Sequence[int]) -> int:
         self.syncs.append(tuple(prefix))
-        n = 0
-        for a, b in zip(self.tokens, prefix):
-            if a != b:
-                break
-            n += 1
+        n = common_prefix(self.tokens, prefix)
         del self.tokens[n:]
         return n
 

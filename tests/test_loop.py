@@ -20,7 +20,7 @@ from edgespec.rejection import Source
 from edgespec.sampling import SamplingParams, make_rng, process
 from edgespec.stats import Stats
 
-from .fakes import FakeLM, LogitTable, Perturbed, Table, pair
+from .fakes import FakeLM, LogitTable, Perturbed, Table, common_prefix, pair
 from .stats_util import ALPHA, chi2_pvalue
 
 GREEDY = SamplingParams(temperature=0)
@@ -238,12 +238,7 @@ class NoRollbackLM(FakeLM):
 
     def sync(self, prefix):
         self.syncs.append(tuple(prefix))
-        n = 0
-        for a, b in zip(self.tokens, prefix):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.tokens, prefix)
 
 
 def test_negative_control_the_fake_exposes_a_missing_rollback():
