@@ -315,10 +315,12 @@ class LlamaBackend:
         return buf.value.decode("utf-8", "replace")
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def _common_prefix(a: list[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
+    if list(b[:n]) == a[:n]:  # the usual case each round, compared at C speed
+        return n
     i = 0
-    while i < n and a[i] == b[i]:
+    while a[i] == b[i]:
         i += 1
     return i
 

@@ -190,6 +190,9 @@ def info() -> None:
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
 
 
+from tui.cli import chat as _chat; cli.add_command(_chat)  # noqa: E402,E702 - textual loads only when it runs
+
+
 def main() -> None:
     cli(prog_name="edgespec")
 

@@ -1,0 +1,46 @@
+"""``edgespec chat``: the click command (same model and sampling options as ``complete``)."""
+
+from __future__ import annotations
+
+import click
+
+from edgespec import config
+from edgespec.cli import CONTEXT_SETTINGS, load_engine, make_sampling, model_options, sampling_options
+from edgespec.cli_models import user_errors
+
+from .speed import DEFAULT_CALIBRATION_TOKENS
+
+
+@click.command(context_settings=CONTEXT_SETTINGS)
+@model_options
+@sampling_options
+@click.option("--max-tokens", "-n", type=click.IntRange(1), default=config.DEFAULT_MAX_TOKENS,
+              show_default=True, help="Longest answer per turn, in tokens.")
+@click.option("--system", default=None, help="System message for the conversation.")
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help="Time a short target-only run at start-up: the speedup's baseline. Without "
+                   "it the speedup shows n/a until a turn runs with drafter `none`.")
+@click.option("--calibration-tokens", type=click.IntRange(2, 256), default=DEFAULT_CALIBRATION_TOKENS,
+              show_default=True, help="Tokens the start-up calibration generates.")
+@user_errors
+def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
+    """Chat in the terminal and watch, live, what speculation buys.
+
+    Keys: ctrl+q quit, escape stop the answer, ctrl+d drafter, ctrl+k/ctrl+j draft length,
+    ctrl+t temperature, ctrl+o colours, ctrl+l clear, ctrl+y copy, ctrl+s save, f1 help.
+    """
+    from .app import ChatApp, ChatSettings
+
+    sampling = make_sampling(opts)  # bad values fail here, before the screen opens
+    settings = ChatSettings(drafter=opts["drafter"], draft_length=opts["draft_length"],
+                            sampling=sampling, max_tokens=max_tokens, system=system,
+                            calibrate=calibrate, calibration_tokens=calibration_tokens)
+    # Load the draft model whenever there is one, so the drafter can be switched in the app.
+    has_draft = opts["target"] is None or opts["draft"] is not None
+    load_opts = dict(opts, drafter="hybrid") if has_draft else opts
+
+    app = ChatApp(lambda: load_engine(load_opts, progress=False), settings)
+    try:
+        app.run()
+    finally:
+        app.close_engine()
