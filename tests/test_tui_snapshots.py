@@ -8,6 +8,9 @@ the new screens by eye.
 
 from __future__ import annotations
 
+import threading
+import time
+
 from tui.app import ChatApp, ChatSettings
 
 from .test_tui_helpers import fake_engine, type_and_send, until_answered, until_ready, wait_until
@@ -50,11 +53,20 @@ def test_main_screen_mid_answer_100x30(snap_compare):
         for _ in range(3):
             await pilot.pause()
 
+    app = make_app(engine, max_tokens=400)
+    # once the screenshot is taken and the app exits, let the frozen worker thread finish
+    threading.Thread(target=release_on_exit, args=(app, target), daemon=True).start()
     try:
-        assert snap_compare(make_app(engine, max_tokens=400), terminal_size=(100, 30),
-                            run_before=mid_answer)
+        assert snap_compare(app, terminal_size=(100, 30), run_before=mid_answer)
     finally:
         target.gate.set()
+
+
+def release_on_exit(app, target) -> None:
+    deadline = time.monotonic() + 60
+    while app.return_code is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    target.gate.set()
 
 
 def test_main_screen_colours_off_markdown_80x24(snap_compare):

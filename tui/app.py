@@ -213,6 +213,9 @@ class ChatApp(App[None]):
                     with Vertical(id="loading"):
                         yield LoadingIndicator()
                         yield Static(self.load_stage, id="loading-text")
+                    # takes the space left below short conversations, so the anchored view
+                    # (which keeps the bottom in sight) still shows them from the top
+                    yield Static(id="filler")
                 yield ChatInput(placeholder="loading models… (type away)", id="prompt")
             yield StatsPanel(id="stats")
         yield Footer(show_command_palette=False)
@@ -290,7 +293,7 @@ class ChatApp(App[None]):
         self.query_one("#loading").remove()
         self.conversation_view.mount(NoteMessage(
             f"Could not load the models: {message.error}\n\nQuit with ctrl+q and check the model "
-            "options (edgespec chat --help).", classes="error"))
+            "options (edgespec chat --help).", classes="error"), before="#filler")
         self.prompt_input.placeholder = "no model loaded"
         self.notify(message.error, title="model failed to load", severity="error", timeout=10)
 
@@ -301,7 +304,7 @@ class ChatApp(App[None]):
             self.notify(f"no draft model loaded: drafter {self.drafter} → lookup", severity="warning")
             self.drafter = "lookup"
         self.query_one("#loading").remove()
-        self.conversation_view.mount(NoteMessage(WELCOME, id="welcome"))
+        self.conversation_view.mount(NoteMessage(WELCOME, id="welcome"), before="#filler")
         if not self.model_label:
             self.sub_title = self._engine_label()
         prompt = self.prompt_input
@@ -350,8 +353,8 @@ class ChatApp(App[None]):
         turn = Turn(self.turn_count, text, self.conversation.messages() + [{"role": "user", "content": text}],
                     self.drafter, self.draft_length, self.sampling, self.max_tokens,
                     user_widget, widget, view)
-        self.conversation_view.mount(user_widget, widget)
-        self.conversation_view.scroll_end(animate=False)
+        self.conversation_view.mount(user_widget, widget, before="#filler")
+        self.conversation_view.anchor()  # jump to the new message, and follow the answer
         self.turn = turn
         self._idle.clear()
         self.panel.show(turn=view)
@@ -392,7 +395,6 @@ class ChatApp(App[None]):
         turn = message.turn
         if turn is not self.turn:
             return
-        follow = self._near_bottom()
         turn.widget.append(message.tokens, message.text)
         stats = message.stats
         if not turn.rate.points:
@@ -406,8 +408,6 @@ class ChatApp(App[None]):
         turn.view.stats = stats
         turn.view.now = turn.rate.rate
         self.panel.show(turn=turn.view)
-        if follow:
-            self.conversation_view.scroll_end(animate=False)
 
     def on_turn_ended(self, message: TurnEnded) -> None:
         turn, reason = message.turn, message.reason
@@ -453,10 +453,6 @@ class ChatApp(App[None]):
             self.notify("context full: clear the conversation (ctrl+l)", title="context full",
                         severity="warning", timeout=10)
         self.refresh_bindings()
-
-    def _near_bottom(self) -> bool:
-        view = self.conversation_view
-        return view.max_scroll_y - view.scroll_y <= 2
 
     # ---- actions -----------------------------------------------------------------------------
 
