@@ -33,7 +33,7 @@ PREFILL_TIME = 0.1
 class FixedClockEngine(Engine):
     """An Engine whose stats times follow a fixed clock instead of the wall clock.
 
-    Each verification round costs ``round_time`` (the target call dominates a round), so
+    Each verification round costs ``round_time``, all of it in the target call, so
     target-only decoding runs at ``1 / round_time`` tokens/s and the speedup of a speculative
     turn is its tokens per round: deterministic numbers for the panel and for snapshots.
     """
@@ -45,6 +45,8 @@ class FixedClockEngine(Engine):
             stats = chunk.stats
             stats.time_prefill = PREFILL_TIME
             stats.time_total = PREFILL_TIME + stats.rounds * self.round_time
+            stats.time_target = stats.rounds * self.round_time
+            stats.time_drafting = stats.time_sampling = 0.0
             yield chunk
 
 

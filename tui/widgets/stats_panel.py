@@ -145,6 +145,12 @@ class StatsPanel(Static):
             lines.append(Text(" " + " · ".join(parts), style="dim"))
         used = s.prompt_tokens + s.generated if turn else 0
         lines.append(row("context", f"{used}/{self.n_ctx}" if self.n_ctx else "–"))
+        decode = s.decode_time
+        if turn is not None and decode > 0:  # where the decoding time went
+            lines.append(Text.assemble(("time  ", "dim"), f"draft {s.time_drafting / decode:.0%} · "
+                                       f"target {s.time_target / decode:.0%}"))
+        else:
+            lines.append(Text("time  –", style="dim"))
         lines.append(Text("accepted drafts per round", style="dim"))
         if drafting:
             labels, bars = histogram(s.accepted_hist, turn.draft_length)
