@@ -92,6 +92,7 @@ def test_load_error_is_a_notification_and_the_app_stays_usable():
         assert ("failed to load target.gguf: not a GGUF file", "error", "model failed to load") in notes
         error_note = app.query_one(NoteMessage)
         assert "not a GGUF file" in str(error_note.render()) and error_note.has_class("error")
+        assert "(no model loaded)" in panel_text(app)
         await type_and_send(pilot, "hello")
         assert any(m == "no model loaded" for m, _, _ in notes)
         await pilot.press("f1")
@@ -219,6 +220,7 @@ def test_without_a_draft_model_the_cycle_skips_model_drafters():
 
     async def scenario(pilot):
         await until_ready(pilot)
+        assert app.drafter == "lookup"
         await pilot.press("ctrl+d")
         assert app.drafter == "none"
         await pilot.press("ctrl+d")
@@ -226,6 +228,18 @@ def test_without_a_draft_model_the_cycle_skips_model_drafters():
         await type_and_send(pilot, "/drafter model")
         assert app.drafter == "lookup" and app.prompt_input.value == "/drafter model"
         assert any("needs a draft model" in m and s == "error" for m, s, _ in notes)
+
+    drive(app, scenario)
+
+
+def test_a_model_drafter_without_a_draft_model_falls_back_to_lookup():
+    app = make_app(fake_engine(with_draft=False, drafter="lookup"), drafter="hybrid")
+    notes = record_notifications(app)
+
+    async def scenario(pilot):
+        await until_ready(pilot)
+        assert app.drafter == "lookup" and "next  lookup" in panel_text(app)
+        assert ("no draft model loaded: drafter hybrid → lookup", "warning", "") in notes
 
     drive(app, scenario)
 

@@ -295,6 +295,7 @@ class ChatApp(App[None]):
             f"Could not load the models: {message.error}\n\nQuit with ctrl+q and check the model "
             "options (edgespec chat --help).", classes="error"), before="#filler")
         self.prompt_input.placeholder = "no model loaded"
+        self.panel.show(baseline_note="no model loaded")
         self.notify(message.error, title="model failed to load", severity="error", timeout=10)
 
     def on_engine_ready(self, message: EngineReady) -> None:

@@ -35,9 +35,10 @@ def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
     settings = ChatSettings(drafter=opts["drafter"], draft_length=opts["draft_length"],
                             sampling=sampling, max_tokens=max_tokens, system=system,
                             calibrate=calibrate, calibration_tokens=calibration_tokens)
-    # Load the draft model whenever there is one, so the drafter can be switched in the app.
+    # Load the draft model whenever there is one, so the drafter can be switched in the app;
+    # with a target and no draft, only lookup and none can run (the app says so).
     has_draft = opts["target"] is None or opts["draft"] is not None
-    load_opts = dict(opts, drafter="hybrid") if has_draft else opts
+    load_opts = dict(opts, drafter="hybrid" if has_draft else "lookup")
 
     app = ChatApp(lambda: load_engine(load_opts, progress=False), settings)
     try:
