@@ -190,7 +190,7 @@ def info() -> None:
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
 
 
-from tui.cli import chat as _chat; cli.add_command(_chat)  # noqa: E402,E702 - textual loads only when it runs
+from tui.cli import add_chat_command; add_chat_command(cli)  # noqa: E402,E702 - `edgespec chat`
 
 
 def main() -> None:

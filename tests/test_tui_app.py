@@ -51,7 +51,8 @@ def make_app(engine=None, **settings) -> ChatApp:
 def test_loading_shows_progress_then_the_chat():
     release = threading.Event()
 
-    def slow_factory():
+    def slow_factory(report):  # a factory may report its stages
+        report("Downloading the fake models (first use)…")
         release.wait(10)
         return fake_engine()
 
@@ -59,7 +60,7 @@ def test_loading_shows_progress_then_the_chat():
     notes = record_notifications(app)
 
     async def scenario(pilot):
-        await wait_until(pilot, lambda: "Loading models" in str(app.query_one("#loading-text").render()))
+        await wait_until(pilot, lambda: "Downloading the fake models" in str(app.query_one("#loading-text").render()))
         assert app.query_one("#loading").query_one(LoadingIndicator).display
         assert "loading" in app.prompt_input.placeholder
         assert "calibrating" in panel_text(app)
