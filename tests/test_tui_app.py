@@ -406,3 +406,27 @@ def test_cli_chat_options():
         assert option in result.output
     result = runner.invoke(cli, ["chat", "--temperature", "-1"])  # fails before the screen opens
     assert result.exit_code == 2 and "error: temperature must be" in result.output
+
+
+def test_a_failed_calibration_is_a_warning_and_the_chat_works():
+    engine = fake_engine()
+    real_stream = engine.stream
+
+    def stream(prompt, **kwargs):
+        if kwargs.get("drafter") == "none" and len(app.conversation) == 0 and app.engine is None:
+            raise RuntimeError("no calibration today")
+        return real_stream(prompt, **kwargs)
+
+    engine.stream = stream
+    app = make_app(engine)
+    notes = record_notifications(app)
+
+    async def scenario(pilot):
+        await until_ready(pilot)
+        assert ("calibration failed: RuntimeError: no calibration today", "warning", "calibration") in notes
+        assert "(calibration failed)" in panel_text(app)
+        await type_and_send(pilot, "hello")
+        await until_answered(pilot, 2)
+        assert "n/a" in panel_text(app).split("speedup")[1].split("\n")[0]
+
+    drive(app, scenario)

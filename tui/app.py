@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -100,9 +101,11 @@ class EngineReady(Message):
 
 
 class LoadFailed(Message):
-    def __init__(self, error: str) -> None:
+    """``fatal``: no engine (the models did not load); else only the calibration failed."""
+
+    def __init__(self, error: str, fatal: bool = True) -> None:
         super().__init__()
-        self.error = error
+        self.error, self.fatal = error, fatal
 
 
 @dataclass(eq=False)
@@ -144,7 +147,8 @@ FINISH_LABELS = {"stop": "done", "length": "max tokens", "context": "context ful
 
 
 class ChatApp(App[None]):
-    """The chat. ``engine_factory`` builds the :class:`edgespec.Engine` (in a worker thread)."""
+    """The chat. ``engine_factory`` builds the :class:`edgespec.Engine` in a worker thread; it
+    is called with no argument, or with a ``report(stage: str)`` callback if it takes one."""
 
     CSS_PATH = "chat.tcss"
     TITLE = "edgespec chat"
@@ -177,7 +181,7 @@ class ChatApp(App[None]):
         ("ctrl+p", "command palette (every action above, by name)"),
     ]
 
-    def __init__(self, engine_factory: Callable[[], object], settings: ChatSettings | None = None,
+    def __init__(self, engine_factory: Callable[..., object], settings: ChatSettings | None = None,
                  *, model_label: str = "") -> None:
         super().__init__()
         self.engine_factory = engine_factory
@@ -250,7 +254,7 @@ class ChatApp(App[None]):
     def load_models(self) -> None:
         self.post_message(LoadStage("Loading models…"))
         try:
-            engine = self.engine_factory()
+            engine = self._build_engine()
         except BaseException as err:  # noqa: BLE001 - shown to the user, the app stays open
             self.post_message(LoadFailed(describe_error(err)))
             return
@@ -267,11 +271,21 @@ class ChatApp(App[None]):
             try:
                 baseline = calibrate(engine, n)
                 if baseline is None:
-                    note = "calibration too short: run a drafter-none turn"
+                    note = "calibration too short"
             except BaseException as err:  # noqa: BLE001
-                note = "calibration failed: run a drafter-none turn"
-                self.post_message(LoadFailed(f"calibration failed: {describe_error(err)}"))
+                note = "calibration failed"
+                self.post_message(LoadFailed(f"calibration failed: {describe_error(err)}", fatal=False))
         self.post_message(EngineReady(engine, baseline, note))
+
+    def _build_engine(self):
+        """Call the factory; one that takes an argument gets a ``report(stage)`` callback."""
+        try:
+            wants_report = bool(inspect.signature(self.engine_factory).parameters)
+        except (TypeError, ValueError):
+            wants_report = False
+        if wants_report:
+            return self.engine_factory(lambda text: self.post_message(LoadStage(text)))
+        return self.engine_factory()
 
     def _tick_loading(self) -> None:
         if self.engine is not None or self.load_error is not None:
@@ -286,7 +300,7 @@ class ChatApp(App[None]):
             self.query_one("#loading-text", Static).update(message.text)
 
     def on_load_failed(self, message: LoadFailed) -> None:
-        if self.engine is not None or message.error.startswith("calibration failed"):
+        if not message.fatal:
             self.notify(message.error, title="calibration", severity="warning")
             return
         self.load_error = message.error
