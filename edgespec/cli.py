@@ -190,7 +190,10 @@ def info() -> None:
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
 
 
-from tui.cli import add_chat_command; add_chat_command(cli)  # noqa: E402,E702 - `edgespec chat`
+# `edgespec chat` lives in tui/; registered last because it reuses this module's options.
+from tui.cli import add_chat_command  # noqa: E402
+
+add_chat_command(cli)
 
 
 def main() -> None:
