@@ -152,16 +152,20 @@ class Engine:
         if draft is not None and drafter in ("model", "hybrid"):
             draft_path = resolve_model(str(draft), download=download, progress=progress)
 
-        def options(path: Path, ngl: int) -> ModelOptions:
+        def options(path: Path, ngl: int, consistent: bool) -> ModelOptions:
             return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx,
-                                n_batch=n_batch, batch_consistent=batch_consistent)
+                                n_batch=n_batch, batch_consistent=consistent)
 
-        target_be = LlamaBackend(options(target_path, n_gpu_layers))
+        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent))
         draft_be = None
         try:
             if draft_path is not None:
                 ngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-                draft_be = LlamaBackend(options(draft_path, ngl))
+                # Exactness needs only the target's logits to be batch-independent: the draft's
+                # q is whatever it samples from, so it keeps the fastest kernels. A draft that
+                # is the target's own file keeps the target's settings, so that q == p exactly.
+                same_file = draft_path.resolve() == target_path.resolve()
+                draft_be = LlamaBackend(options(draft_path, ngl, batch_consistent and same_file))
                 check_compatible(target_be, draft_be)
             return cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
                        max_ngram=max_ngram, min_ngram=min_ngram)

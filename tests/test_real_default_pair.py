@@ -82,9 +82,12 @@ def run(engine, prompt: str, drafter: str):
     return _runs[key]
 
 
-def test_build_is_batch_consistent():
+def test_build_is_batch_consistent(default_engine):
     # Everything below relies on it; `make setup` builds llama.cpp without llamafile's sgemm.
     assert consistent_build()
+    # Only the target needs batch-independent logits; the draft keeps the fast kernels.
+    assert default_engine.target.options.batch_consistent
+    assert not default_engine.draft.options.batch_consistent
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
