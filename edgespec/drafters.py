@@ -116,10 +116,14 @@ class ModelDrafter:
             n_cached -= 1
         logits = self.model.decode(context[n_cached:], 1)[0]
         for i in range(k):
-            q = process(self._to_target_vocab(logits), params)
-            x = int(np.argmax(q)) if params.greedy else sample(q, rng)
+            logits = self._to_target_vocab(logits)
+            if params.greedy:  # q is one-hot on the arg-max (lowest id on ties, as in process)
+                x, q = int(np.argmax(logits)), None
+            else:
+                q = process(logits, params)
+                x = sample(q, rng)
             draft.tokens.append(x)
-            draft.q.append(None if params.greedy else q)  # greedy q is one-hot on x
+            draft.q.append(q)
             if i + 1 < k:
                 logits = self.model.decode([x], 1)[0]
         return draft
