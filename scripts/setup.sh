@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-  echo "==> building llama-cpp-python $LLAMA_VERSION ($CMAKE_FLAGS): once, ~7-10 minutes on 2 cores"
+  echo "==> building llama-cpp-python $LLAMA_VERSION ($CMAKE_FLAGS): once, ~6 minutes on 2 cores"
   start=$(date +%s)
   rm -rf "$WHEELS.partial" && mkdir -p "$WHEELS.partial"
   CMAKE_ARGS="$CMAKE_FLAGS" .venv/bin/python -m pip wheel -q --no-deps --no-cache-dir \
