@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -106,7 +106,6 @@ class ModelOptions:
     n_ctx: int = 4096
     n_batch: int = 512
     batch_consistent: bool = True
-    extra: dict = field(default_factory=dict)
 
 
 def check_gguf_file(path: Path) -> None:
@@ -309,10 +308,6 @@ class LlamaBackend:
         )
         return formatter(messages=messages).prompt
 
-    def describe(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self._model.model, buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
 
 
 def _common_prefix(a: list[int], b: Sequence[int]) -> int:

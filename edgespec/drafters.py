@@ -34,9 +34,6 @@ class Draft:
     source: str = "none"
     ngram: int = 0  #: for lookup: length of the matched n-gram
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
 
 class DraftModel(Protocol):
     """What the model drafter needs from a backend (see :class:`edgespec.backend.LlamaBackend`)."""
@@ -152,6 +149,13 @@ class HybridDrafter:
         return self.model.propose(context, k, params, rng)
 
 
+def check_drafter_name(name: str) -> str:
+    """Return ``name`` if it is a drafter, else raise ConfigError listing the valid ones."""
+    if name not in DRAFTER_NAMES:
+        raise ConfigError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+    return name
+
+
 def make_drafter(
     name: str,
     draft_model: DraftModel | None = None,
@@ -161,9 +165,7 @@ def make_drafter(
     min_ngram: int = DEFAULT_MIN_NGRAM,
 ) -> Drafter:
     """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model."""
-    if name not in DRAFTER_NAMES:
-        raise ConfigError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
-    if name == "none":
+    if check_drafter_name(name) == "none":
         return NoDrafter()
     lookup = LookupDrafter(max_ngram, min_ngram)
     if name == "lookup":

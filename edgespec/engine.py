@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from . import config
-from .drafters import DRAFTER_NAMES, make_drafter
+from .drafters import check_drafter_name, make_drafter
 from .errors import ConfigError, ContextOverflowError, EdgespecError
 from .loop import prefill, rounds
 from .rejection import Source
@@ -135,8 +135,7 @@ class Engine:
         from .backend import LlamaBackend, ModelOptions, check_compatible
         from .catalog import resolve_model, resolve_pair
 
-        if drafter not in DRAFTER_NAMES:
-            raise ConfigError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+        check_drafter_name(drafter)
         validate_draft_length(draft_length)
         make_drafter("lookup", max_ngram=max_ngram, min_ngram=min_ngram)  # validates n-gram sizes
         threads = n_threads if n_threads is not None else config.default_threads()

@@ -8,7 +8,6 @@ is chosen so that the known-wrong samplers in the negative controls fail it by a
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Hashable, Mapping
 
 import numpy as np
@@ -46,7 +45,3 @@ def chi2_pvalue(counts: Mapping[Hashable, int], expected: Mapping[Hashable, floa
     exp_arr = np.asarray(exp)
     exp_arr *= sum(obs) / exp_arr.sum()  # absorb float rounding in the expected total
     return float(stats.chisquare(obs, exp_arr).pvalue)
-
-
-def counts_of(samples) -> Counter:
-    return Counter(samples)
