@@ -1,4 +1,5 @@
-"""``edgespec`` command line: ``complete``, ``models``, ``info``."""
+"""``edgespec`` command line: ``complete``, ``models``, ``info`` (``chat`` and ``serve`` are
+registered at the end)."""
 
 from __future__ import annotations
 
@@ -194,6 +195,11 @@ def info() -> None:
 from tui.cli import add_chat_command  # noqa: E402
 
 add_chat_command(cli)
+
+# `edgespec serve` lives in edgespec/server/ (registered the same way as chat).
+from edgespec.server.cli import add_serve_command  # noqa: E402
+
+add_serve_command(cli)
 
 
 def main() -> None:

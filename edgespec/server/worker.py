@@ -1,0 +1,217 @@
+"""One engine, one worker thread: requests run one at a time, in arrival order.
+
+The engine is blocking and not thread-safe, so every generation runs on the single thread of a
+:class:`Worker`. The event loop hands it a :class:`Job` (a function that starts an
+``engine.stream`` generator); the worker sends back :class:`Piece` objects, plain data that is
+safe to read on the loop's thread. At most ``max_queue`` jobs wait behind the running one;
+:meth:`Worker.submit` raises :class:`QueueFullError` beyond that.
+
+Cancelling a job (the client went away, or the server is stopping) stops it at the end of the
+current verification round: the worker closes the generator, which leaves the engine ready for
+the next job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from ..engine import Chunk
+from ..errors import EdgespecError
+from ..stats import Stats
+
+log = logging.getLogger("edgespec.server")
+
+
+class QueueFullError(Exception):
+    """The queue already holds ``max_queue`` waiting jobs."""
+
+
+class ShuttingDownError(Exception):
+    """The worker is stopping: the job will not run (or was stopped part way)."""
+
+
+class InternalError(Exception):
+    """The generation failed with a bug (logged with its traceback on the server)."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Confirmed text from one verification round. The last piece has ``finish_reason`` and
+    ``stats`` (``Stats.to_dict()`` of the whole generation)."""
+
+    text: str
+    finish_reason: str | None = None
+    stats: dict[str, Any] | None = None
+
+
+_END = object()
+
+
+class Job:
+    """One generation: ``start()`` returns the ``engine.stream`` generator the worker drains.
+
+    Create it on the event loop's thread (it binds to the running loop); read its output there
+    with :meth:`next`.
+    """
+
+    def __init__(self, start: Callable[[], Iterator[Chunk]]) -> None:
+        self._start = start
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[Any] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self._cancel_error: BaseException | None = None
+        #: how the job ended (set on the worker thread): completed, cancelled or failed
+        self.outcome = "cancelled"
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Stop the job at the end of its current round (or skip it if it is still queued).
+        ``error``, if given, is what :meth:`next` raises instead of ending quietly."""
+        if not self._cancelled.is_set():
+            self._cancel_error = error
+            self._cancelled.set()
+
+    async def next(self) -> Piece | None:
+        """The next piece; ``None`` after the last one. Raises the generation's error
+        (:class:`EdgespecError`, :class:`InternalError`, :class:`ShuttingDownError`)."""
+        item = await self._events.get()
+        if item is _END:
+            self._events.put_nowait(_END)  # later calls keep seeing the end
+            return None
+        if isinstance(item, BaseException):
+            self._events.put_nowait(_END)
+            raise item
+        return item
+
+    # ---- worker side ------------------------------------------------------------------------
+
+    def _emit(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self._cancelled.set()
+
+    def _run(self) -> Stats | None:
+        """Drain the generator on the worker thread; returns the final stats (if it started)."""
+        if self.cancelled:
+            self._finish()
+            return None
+        stats = None
+        generator = None
+        try:
+            generator = self._start()
+            for chunk in generator:
+                stats = chunk.stats
+                final = chunk.finish_reason is not None
+                self._emit(Piece(chunk.text, chunk.finish_reason, stats.to_dict() if final else None))
+                if final:
+                    self.outcome = "completed"
+                elif self.cancelled:
+                    break
+        except EdgespecError as err:
+            self.outcome = "failed"
+            self._emit(err)
+        except Exception:
+            self.outcome = "failed"
+            log.exception("generation failed")
+            self._emit(InternalError("generation failed"))
+        finally:
+            if generator is not None:
+                generator.close()  # the engine's own cleanup: ready for the next job
+        self._finish()
+        return stats
+
+    def _finish(self) -> None:
+        stopped = self.cancelled and self.outcome != "completed"
+        self._emit(self._cancel_error if stopped and self._cancel_error else _END)
+
+
+class Worker:
+    """The one thread that runs generations, fed by a bounded first-in first-out queue.
+
+    ``on_done(job, stats, seconds)`` is called on the worker thread after each job (for metrics).
+    """
+
+    def __init__(self, max_queue: int,
+                 on_done: Callable[[Job, Stats | None, float], None] | None = None) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.max_queue = max_queue
+        self._on_done = on_done
+        self._pending: collections.deque[Job] = collections.deque()
+        self._running: Job | None = None
+        self._closed = False
+        self._cond = threading.Condition(threading.RLock())
+        self._thread = threading.Thread(target=self._loop, name="edgespec-worker", daemon=True)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs waiting (not counting the running one or cancelled ones)."""
+        with self._cond:
+            return sum(not job.cancelled for job in self._pending)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation is running."""
+        with self._cond:
+            return self._running is not None
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; :class:`QueueFullError` if ``max_queue`` jobs already wait,
+        :class:`ShuttingDownError` after :meth:`stop`."""
+        with self._cond:
+            if self._closed:
+                raise ShuttingDownError("the server is shutting down")
+            waiting = sum(not j.cancelled for j in self._pending)
+            # An idle worker takes the next job at once: it does not count against the queue.
+            if waiting >= self.max_queue + (self._running is None):
+                raise QueueFullError(f"{waiting} requests are already waiting")
+            self._pending.append(job)
+            self._cond.notify()
+
+    def cancel_all(self) -> None:
+        """Cancel the running job and every queued one (they end with ShuttingDownError)."""
+        with self._cond:
+            for job in [*self._pending, *([self._running] if self._running else [])]:
+                job.cancel(ShuttingDownError("the server is shutting down"))
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Refuse new jobs, cancel the rest and wait for the thread to finish."""
+        with self._cond:
+            self._closed = True
+            self.cancel_all()
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                job = self._running = self._pending.popleft()
+            start = time.monotonic()
+            try:
+                stats = job._run()
+                if self._on_done is not None:
+                    self._on_done(job, stats, time.monotonic() - start)
+            except Exception:  # never let a bug kill the only worker
+                log.exception("worker error")
+            finally:
+                with self._cond:
+                    self._running = None
