@@ -196,6 +196,11 @@ from tui.cli import add_chat_command  # noqa: E402
 
 add_chat_command(cli)
 
+# `edgespec bench` (edgespec/bench_cli.py) reuses the shared options too.
+from .bench_cli import add_bench_command  # noqa: E402
+
+add_bench_command(cli)
+
 # `edgespec serve` lives in edgespec/server/ (registered the same way as chat).
 from edgespec.server.cli import add_serve_command  # noqa: E402
 

@@ -1,0 +1,307 @@
+"""``edgespec bench``: the click command. It wires options, model loading, the progress bar and
+the output files; the measuring is in :mod:`edgespec.bench` (and ``bench_reference``,
+``bench_memory``), the output in :mod:`edgespec.bench_report`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import config
+from .bench import (
+    DEFAULT_DRAFTERS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_REPEATS,
+    LENGTH_DRAFTERS,
+    Config,
+    EdgespecRunner,
+    Runners,
+    build_document,
+    execute,
+    machine_info,
+    parse_drafters,
+    parse_lengths,
+    parse_list,
+    parse_temperatures,
+    plan_runs,
+    run_sweep,
+    warm_up,
+)
+from .bench_memory import DEFAULT_N_CTX as MEMORY_CTX
+from .bench_memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
+from .bench_memory import DEFAULT_SIDES as MEMORY_SIDES
+from .bench_memory import SIDES
+from .bench_prompts import KINDS, load_prompts, select_prompts
+from .cli_models import user_errors
+from .errors import ConfigError
+
+
+def add_bench_command(group: click.Group) -> None:
+    """Register ``bench`` on the ``edgespec`` group (called at the end of edgespec/cli.py)."""
+    group.add_command(make_bench_command())
+
+
+def make_bench_command() -> click.Command:
+    # Imported when called: edgespec.cli imports this module at its end.
+    from .cli import CONTEXT_SETTINGS, model_options, sampling_options
+
+    @click.command("bench", context_settings=CONTEXT_SETTINGS)
+    @model_options
+    @sampling_options
+    @click.option("--drafters", default=",".join(DEFAULT_DRAFTERS), show_default=True,
+                  help="Configurations to compare, comma-separated: edgespec drafters and "
+                       "llama-cpp-python's own paths (`llama-cpp-python`: its prompt-lookup "
+                       "speculation; `llama-cpp-python-plain`: no drafting). `none` is always run.")
+    @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+                  help="JSONL prompt set (fields: id, kind, prompt or messages, max_tokens, raw); "
+                       "default: the built-in set.")
+    @click.option("--only", multiple=True, metavar="ID", help="Run only this prompt (repeatable).")
+    @click.option("--kinds", default=",".join(KINDS), show_default=True,
+                  help="Prompt kinds to run.")
+    @click.option("--repeats", "-r", type=click.IntRange(1), default=DEFAULT_REPEATS, show_default=True,
+                  help="Runs of every prompt and configuration (interleaved).")
+    @click.option("--max-tokens", "-n", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
+                  show_default=True, help="Tokens per run (a prompt's own max_tokens wins).")
+    @click.option("--warmup/--no-warmup", default=True, show_default=True,
+                  help="One short unrecorded run per configuration first.")
+    @click.option("--lengths", default=None, metavar="K,K,...",
+                  help="Also run lookup and model at each fixed draft length on the edit prompts "
+                       "(speedup against draft length), e.g. 1,2,4,8,16.")
+    @click.option("--sweep", is_flag=True,
+                  help="Measure the target's batch-scoring cost t(k) and the draft's per-token cost.")
+    @click.option("--memory", is_flag=True,
+                  help=f"Peak memory with a {MEMORY_PROMPT_TOKENS}-token prompt in a {MEMORY_CTX}-"
+                       "token context, each side in a fresh process (about a minute per side).")
+    @click.option("--memory-sides", default=",".join(MEMORY_SIDES), show_default=True,
+                  help=f"Sides of --memory, from: {', '.join(SIDES)}.")
+    @click.option("--memory-ctx", type=click.IntRange(64), default=MEMORY_CTX, show_default=True,
+                  help="Context window of --memory.")
+    @click.option("--memory-prompt-tokens", type=click.IntRange(16), default=MEMORY_PROMPT_TOKENS,
+                  show_default=True, help="Prompt length of --memory.")
+    @click.option("--runs/--no-runs", default=True, show_default=True,
+                  help="Run the prompt set (--no-runs: only --sweep and/or --memory).")
+    @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+                  help="Results file (default: bench-results/bench-<time>.json).")
+    @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+                  help="Plot file (default: next to the JSON, .png).")
+    @user_errors
+    def bench(**kw) -> None:
+        """Measure speed, acceptance and memory of each drafter on a prompt set.
+
+        Configurations run interleaved (every configuration on a prompt, back to back, in an
+        order rotated each repeat). Prints per-prompt and overall tables, writes every run and
+        the aggregates as JSON and a plot of the speedups. Ctrl-C stops and still writes what
+        was measured.
+        """
+        _bench(**kw)
+
+    # The bench compares drafters (--drafters) and takes several temperatures: it drops the shared
+    # single-valued --drafter and replaces --temperature with a list.
+    temperature = click.Option(
+        ["--temperature", "--temp"], default="0", show_default=True,
+        help="Temperature(s), comma-separated: 0,0.8 runs everything at both, each with its own "
+             "`none` baseline.")
+    bench.params = [temperature if p.name == "temperature" else p
+                    for p in bench.params if p.name != "drafter"]
+    return bench
+
+
+def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, lengths, sweep,
+           memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, json_path, plot_path,
+           **opts) -> None:
+    from .drafters import DRAFTER_NAMES
+    from .sampling import SamplingParams
+
+    # Everything the user typed is checked before any model loads.
+    temperatures = parse_temperatures(opts["temperature"])
+    base = SamplingParams(temperature=0.0, top_k=opts["top_k"], top_p=opts["top_p"],
+                          min_p=opts["min_p"], seed=opts["seed"])
+    prompts = select_prompts(load_prompts(prompts_file), only, parse_list(kinds, "--kinds"))
+    names = parse_drafters(drafters, DRAFTER_NAMES)
+    ks = parse_lengths(lengths, config.MAX_DRAFT_LENGTH)
+    sides = parse_list(memory_sides, "--memory-sides")
+    bad = [s for s in sides if s not in SIDES]
+    if bad:
+        raise ConfigError(f"--memory-sides: unknown {', '.join(bad)}; choose from {', '.join(SIDES)}")
+    if not (runs or sweep or memory):
+        raise ConfigError("nothing to do: --no-runs needs --sweep or --memory")
+    json_path = json_path or Path("bench-results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    plot_path = plot_path or json_path.with_suffix(".png")
+    for p in (json_path, plot_path):
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot create {p.parent}: {err.strerror or err}") from None
+
+    settings = {
+        "pair": opts["pair"], "target": opts["target"], "draft": opts["draft"],
+        "drafters": names, "prompts": str(prompts_file) if prompts_file else "built-in",
+        "prompt_ids": [p.id for p in prompts], "repeats": repeats, "max_tokens": max_tokens,
+        "temperatures": temperatures, "top_k": base.top_k, "top_p": base.top_p,
+        "min_p": base.min_p, "seed": base.seed or 0, "draft_length": opts["draft_length"],
+        "lengths": ks, "n_ctx": opts["n_ctx"], "threads": opts["threads"] or config.default_threads(),
+        "warmup": warmup, "kernels": "fast" if opts["fast_kernels"] else "batch-consistent",
+        "speed_basis": "generated tokens per second of decoding, prompt prefill excluded",
+        "ratio_basis": "per prompt: median(config) / median(none) in this run; overall: "
+                       "geometric mean over prompts",
+    }
+    echo_err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    records: list[dict] = []
+    configs: list[Config] = []
+    skipped: list[dict] = []
+    notes: list[str] = []
+    sweep_result = memory_result = None
+    machine: dict = {}
+    interrupted = False
+    target_path = draft_path = None
+
+    try:
+        if runs or sweep:
+            with _load(opts) as engine:
+                machine = machine_info(engine)
+                target_path = getattr(engine.target, "path", None)
+                draft_path = getattr(engine.draft, "path", None)
+                if sweep:
+                    echo_err("measuring the target's cost curve t(k)...")
+                    from .bench_report import print_sweep
+
+                    sweep_result = run_sweep(engine)
+                    print_sweep(sweep_result, click.echo)
+                if runs:
+                    configs, skipped = _configs(engine, names, ks, DRAFTER_NAMES)
+                    for s in skipped:
+                        echo_err(f"skipping {s['config']}: {s['reason']}")
+                    _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens,
+                             warmup, records, notes)
+        if memory:
+            if target_path is None:
+                target_path, draft_path = _resolve_paths(opts)
+            if not machine:
+                machine = machine_info()
+            memory_result = _memory(target_path, draft_path, sides, memory_ctx, memory_prompt_tokens,
+                                    opts, echo_err)
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append("interrupted: partial results")
+    _report(settings, machine, prompts, configs, skipped, records, not interrupted, sweep_result,
+            memory_result, notes, json_path, plot_path)
+    if interrupted:
+        click.echo("interrupted: partial results written", err=True)
+        sys.exit(130)
+
+
+def _load(opts: dict):
+    from .cli import load_engine
+    from .drafters import DRAFTER_NAMES
+
+    has_draft = opts["target"] is None or opts["draft"] is not None
+    drafter = ("auto" if "auto" in DRAFTER_NAMES else "hybrid") if has_draft else "lookup"
+    return load_engine(dict(opts, drafter=drafter))
+
+
+def _resolve_paths(opts: dict) -> tuple[Path, Path | None]:
+    """Target and draft files without loading them (for --memory alone)."""
+    from .catalog import resolve_model, resolve_pair
+
+    target, draft = opts["target"], opts["draft"]
+    if target is None:
+        pair = resolve_pair(opts["pair"])
+        target, draft = pair.target, draft if draft is not None else pair.draft
+    t = resolve_model(str(target), download=True, progress=True)
+    d = resolve_model(str(draft), download=True, progress=True) if draft is not None else None
+    return t, d
+
+
+def _configs(engine, names, ks, known) -> tuple[list[Config], list[dict]]:
+    """The configurations that can run with this engine, and why the others cannot."""
+    configs, skipped = [], []
+
+    def usable(name) -> bool:
+        if name not in known:
+            skipped.append({"config": name, "reason": "this edgespec has no such drafter yet"})
+            return False
+        if name in ("model", "hybrid") and engine.draft is None:
+            skipped.append({"config": name, "reason": "no draft model loaded (--draft)"})
+            return False
+        return True
+
+    for name in names:
+        if Config(name).is_reference or usable(name):
+            configs.append(Config(name))
+    if not ks:
+        return configs, skipped
+    by_length = [d for d in LENGTH_DRAFTERS
+                 if Config(d) in configs or (d not in names and usable(d))]
+    return configs + [Config(d, k) for d in by_length for k in ks], skipped
+
+
+def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, warmup,
+             records, notes) -> None:
+    from tqdm import tqdm
+
+    from .bench_reference import ReferenceRunner
+
+    main = [c for c in configs if c.draft_length is None]
+    fixed = [c for c in configs if c.draft_length is not None]
+    reference = None
+    if any(c.is_reference for c in configs):
+        options = getattr(engine.target, "options", None)
+        reference = ReferenceRunner(getattr(engine.target, "path", None), engine.target.n_ctx,
+                                    getattr(options, "n_threads", None) or config.default_threads())
+        notes.append("llama-cpp-python with a draft_model forces logits_all=True")
+    runners = Runners(EdgespecRunner(engine), reference)
+    plan = plan_runs(prompts, main, repeats, temperatures, edit_only=fixed)
+    bar = tqdm(total=len(plan) + (len(configs) if warmup else 0), desc="bench", unit="run",
+               file=sys.stderr, dynamic_ncols=True, disable=None)
+    try:
+        if warmup:
+            bar.set_postfix_str("warm-up")
+            warm_up(configs, runners, base, on_done=lambda c: bar.update())
+
+        def start(item):
+            bar.set_postfix_str(f"{item.prompt.id} {item.config.label} T={item.temperature:g}")
+
+        def done(item, record):
+            bar.update()
+            bar.set_postfix_str(f"{item.prompt.id} {item.config.label} "
+                                f"{record['tokens_per_second']:.1f} tok/s")
+
+        execute(plan, runners, base, max_tokens, records, on_start=start, on_done=done)
+    finally:
+        bar.close()
+        if reference is not None:
+            reference.close()
+
+
+def _memory(target, draft, sides, n_ctx, prompt_tokens, opts, echo_err) -> dict:
+    from .bench_memory import run_memory_scenario
+
+    return run_memory_scenario(
+        target=Path(target), draft=Path(draft) if draft else None, sides=sides, n_ctx=n_ctx,
+        prompt_tokens=prompt_tokens, threads=opts["threads"] or config.default_threads(),
+        batch_consistent=not opts["fast_kernels"],
+        on_side=lambda side: echo_err(f"memory: {side} side, {prompt_tokens}-token prompt "
+                                      f"in a {n_ctx}-token context (prefill takes a while)..."))
+
+
+def _report(settings, machine, prompts, configs, skipped, records, complete, sweep, memory, notes,
+            json_path, plot_path) -> None:
+    from .bench_report import print_memory, print_report, write_json, write_plot
+
+    doc = build_document(settings=settings, machine=machine, prompts=prompts, configs=configs,
+                         skipped=skipped, runs=records, complete=complete, sweep=sweep,
+                         memory=memory, notes=notes)
+    if records:
+        print_report(doc, click.echo)
+    if memory:
+        print_memory(memory, click.echo)
+    click.echo("")
+    click.echo(f"peak RSS of this process: {doc['peak_rss_mb']:.0f} MB")
+    write_json(doc, json_path)
+    click.echo(f"results: {json_path}")
+    if records or sweep:
+        if write_plot(doc, plot_path):
+            click.echo(f"plot:    {plot_path}")
