@@ -1,0 +1,480 @@
+"""``edgespec bench`` without llama.cpp: aggregation, interleaving, prompt files, the reference
+path's bookkeeping, and the whole command over scripted fake models (table, JSON, plot, Ctrl-C)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec import bench_cli
+from edgespec.bench import (
+    Config,
+    EdgespecRunner,
+    Measurement,
+    aggregate,
+    geometric_mean,
+    parse_drafters,
+    parse_lengths,
+    parse_temperatures,
+    plan_runs,
+    rotate,
+)
+from edgespec.bench_prompts import (
+    BenchPrompt,
+    code_blocks,
+    load_prompts,
+    long_prompt,
+    select_prompts,
+)
+from edgespec.bench_reference import _Recorder, measure
+from edgespec.cli import cli
+from edgespec.engine import Engine
+from edgespec.errors import ConfigError, ModelError
+
+from .fakes import pair
+
+
+def run(prompt, config, tps, *, kind="edit", temp=0.0, rounds=10, drafted=0, accepted=0,
+        generated=10, decode=1.0, llama=None, target=0.8):
+    return {"prompt": prompt, "kind": kind, "config": config, "drafter": config.split("@")[0],
+            "draft_length": int(config.split("@")[1]) if "@" in config else None,
+            "temperature": temp, "tokens_per_second": tps, "generated": generated, "rounds": rounds,
+            "drafted": drafted, "accepted": accepted, "decode_time": decode,
+            "time": {"drafting": 0.1, "target": target, "sampling": 0.05, "other": 0.05,
+                     "llama": llama}}
+
+
+# ---- aggregation -----------------------------------------------------------------------------
+
+
+def test_geometric_mean():
+    assert geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geometric_mean([1.5]) == pytest.approx(1.5)
+    assert geometric_mean([]) is None
+    assert geometric_mean([None, 0.0, 4.0]) == pytest.approx(4.0)  # only positive values count
+
+
+def test_ratios_are_medians_over_repeats_against_none_in_the_same_run():
+    runs = [
+        run("a", "none", 10), run("a", "none", 12), run("a", "none", 100),   # median 12
+        run("a", "lookup", 24), run("a", "lookup", 30), run("a", "lookup", 1),  # median 24
+        run("b", "none", 20, kind="chat"), run("b", "lookup", 10, kind="chat"),
+    ]
+    agg = aggregate(runs)
+    per = {(a["prompt"], a["config"]): a for a in agg["per_prompt"]}
+    assert per["a", "none"]["tokens_per_second"] == 12
+    assert per["a", "lookup"]["tokens_per_second"] == 24
+    assert per["a", "lookup"]["ratio_vs_none"] == pytest.approx(2.0)
+    assert per["b", "lookup"]["ratio_vs_none"] == pytest.approx(0.5)
+    overall = {o["config"]: o for o in agg["overall"]}
+    assert overall["lookup"]["ratio_vs_none"] == pytest.approx(1.0)  # sqrt(2 * 0.5)
+    assert overall["lookup"]["min_ratio_vs_none"] == pytest.approx(0.5)
+    assert overall["lookup"]["min_ratio_prompt"] == "b"
+    assert overall["lookup"]["ratio_vs_none_by_kind"] == {"edit": pytest.approx(2.0),
+                                                          "chat": pytest.approx(0.5)}
+    assert overall["none"]["ratio_vs_none"] == pytest.approx(1.0)
+    assert overall["none"]["ratio_vs_reference"] is None  # no reference was run
+
+
+def test_ratios_never_mix_temperatures():
+    runs = [run("a", "none", 10), run("a", "lookup", 20),
+            run("a", "none", 5, temp=0.8), run("a", "lookup", 20, temp=0.8)]
+    agg = aggregate(runs)
+    ratio = {(o["temperature"], o["config"]): o["ratio_vs_none"] for o in agg["overall"]}
+    assert ratio[0.0, "lookup"] == pytest.approx(2.0)
+    assert ratio[0.8, "lookup"] == pytest.approx(4.0)
+    [kept] = [r for r in agg["temperature_retention"] if r["config"] == "lookup"]
+    assert kept["retained"] == pytest.approx(2.0)
+
+
+def test_acceptance_and_time_split_are_pooled_over_runs():
+    runs = [run("a", "none", 10, llama=0.9),
+            run("a", "lookup", 20, rounds=4, drafted=8, accepted=6, generated=10, llama=0.7),
+            run("a", "lookup", 20, rounds=6, drafted=2, accepted=0, generated=6, llama=0.7)]
+    agg = aggregate(runs)
+    o = {o["config"]: o for o in agg["overall"]}["lookup"]
+    assert o["acceptance_rate"] == pytest.approx(6 / 10)
+    assert o["mean_accepted"] == pytest.approx(6 / 10)
+    assert o["tokens_per_round"] == pytest.approx(16 / 10)
+    assert o["time_split"]["target"] == pytest.approx(0.8)
+    assert sum(o["time_split"].values()) == pytest.approx(1.0)
+    assert o["outside_llama"] == pytest.approx(0.3) and o["outside_llama_basis"] == "llama"
+    none = {o["config"]: o for o in agg["overall"]}["none"]
+    assert none["acceptance_rate"] is None  # nothing drafted
+
+
+def test_python_overhead_falls_back_to_target_time_without_a_llama_timer():
+    agg = aggregate([run("a", "none", 10, target=0.95)])
+    o = agg["overall"][0]
+    assert o["outside_llama"] == pytest.approx(0.05) and o["outside_llama_basis"] == "target"
+
+
+def test_speedup_against_draft_length_uses_the_edit_prompts():
+    runs = [run("a", "none", 10), run("a", "lookup@2", 15), run("a", "lookup@8", 30),
+            run("c", "none", 10, kind="chat")]
+    rows = {(r["drafter"], r["draft_length"]): r["ratio_vs_none"] for r in aggregate(runs)["by_length"]}
+    assert rows == {("lookup", 2): pytest.approx(1.5), ("lookup", 8): pytest.approx(3.0)}
+
+
+# ---- plan ------------------------------------------------------------------------------------
+
+
+def test_rotate():
+    assert rotate("ABC", 0) == list("ABC")
+    assert rotate("ABC", 1) == list("BCA")
+    assert rotate("ABC", 4) == list("BCA")
+
+
+def test_plan_interleaves_configurations_and_rotates_their_order_each_repeat():
+    edit, chat = BenchPrompt("e", "edit", "x"), BenchPrompt("c", "chat", "y")
+    a, b, c = Config("none"), Config("lookup"), Config("llama-cpp-python")
+    k2 = Config("lookup", 2)
+    plan = plan_runs([edit, chat], [a, b, c], repeats=2, temperatures=(0.0, 0.8), edit_only=[k2])
+    order = [(p.temperature, p.repeat, p.prompt.id, p.config.label) for p in plan]
+    assert order[:7] == [
+        (0.0, 0, "e", "none"), (0.0, 0, "e", "lookup"), (0.0, 0, "e", "llama-cpp-python"),
+        (0.0, 0, "e", "lookup@2"),
+        (0.0, 0, "c", "none"), (0.0, 0, "c", "lookup"), (0.0, 0, "c", "llama-cpp-python"),
+    ]
+    assert [lbl for t, r, p, lbl in order if (t, r, p) == (0.0, 1, "e")] == \
+        ["lookup", "llama-cpp-python", "lookup@2", "none"]
+    assert len(plan) == 2 * 2 * (4 + 3)
+    assert not any(p.config == k2 and p.prompt.kind != "edit" for p in plan)
+
+
+def test_option_parsing():
+    known = ("none", "lookup", "model", "hybrid", "auto")
+    assert parse_drafters("lookup, llama-cpp-python", known) == ["none", "lookup", "llama-cpp-python"]
+    with pytest.raises(ConfigError, match="magic"):
+        parse_drafters("lookup,magic", known)
+    with pytest.raises(ConfigError, match="repeated"):
+        parse_drafters("lookup,lookup", known)
+    assert parse_lengths("1,2,16", 64) == [1, 2, 16] and parse_lengths(None, 64) == []
+    with pytest.raises(ConfigError, match="outside"):
+        parse_lengths("0,4", 64)
+    assert parse_temperatures("0,0.8") == [0.0, 0.8]
+    with pytest.raises(ConfigError, match="temperature"):
+        parse_temperatures("-1")
+
+
+# ---- prompts ---------------------------------------------------------------------------------
+
+
+def test_builtin_prompts_cover_edits_code_and_chat():
+    prompts = load_prompts()
+    kinds = [p.kind for p in prompts]
+    assert kinds.count("edit") == 3 and kinds.count("code") == 2 and kinds.count("chat") == 2
+    blocks = code_blocks(prompts)
+    assert len(blocks) == 3 and all(40 <= len(b.splitlines()) <= 70 for b in blocks)
+    for block in blocks:
+        compile(block, "<edit prompt>", "exec")  # real Python
+    assert any(p.messages for p in prompts)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "invalid JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"id": "a", "kind": "poem", "prompt": "x"}', "'kind'"),
+    ('{"id": "a", "kind": "chat"}', "exactly one of"),
+    ('{"id": "a", "kind": "chat", "prompt": "x", "messages": []}', "exactly one of"),
+    ('{"id": "", "kind": "chat", "prompt": "x"}', "'id'"),
+    ('{"id": "a", "kind": "chat", "prompt": "  "}', "'prompt'"),
+    ('{"id": "a", "kind": "chat", "messages": [{"role": "robot", "content": "x"}]}', "messages[0]"),
+    ('{"id": "a", "kind": "chat", "prompt": "x", "max_tokens": 0}', "max_tokens"),
+    ('{"id": "a", "kind": "chat", "prompt": "x", "temperature": 1}', "unknown field"),
+    ('{"id": "a", "kind": "chat", "messages": [{"role": "user", "content": "x"}], "raw": true}', "raw"),
+])
+def test_bad_prompt_lines_name_the_line_and_the_problem(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('# a comment\n{"id": "ok", "kind": "code", "prompt": "fine"}\n\n' + line + "\n")
+    with pytest.raises(ConfigError, match="p.jsonl:4") as err:
+        load_prompts(path)
+    assert message in str(err.value)
+
+
+def test_prompt_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_prompts(tmp_path / "missing.jsonl")
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "kind": "chat", "prompt": "x"}\n' * 2)
+    with pytest.raises(ConfigError, match="duplicate id"):
+        load_prompts(dup)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="no prompts"):
+        load_prompts(empty)
+
+
+def test_select_prompts():
+    prompts = load_prompts()
+    assert [p.kind for p in select_prompts(prompts, kinds=["chat"])] == ["chat", "chat"]
+    assert [p.id for p in select_prompts(prompts, only=["chat-trip", "edit-rename"])] == \
+        ["edit-rename", "chat-trip"]
+    with pytest.raises(ConfigError, match="no prompt with id nope"):
+        select_prompts(prompts, only=["nope"])
+    with pytest.raises(ConfigError, match="no prompt left"):
+        select_prompts(prompts, only=["chat-trip"], kinds=["edit"])
+
+
+def test_long_prompt_stays_within_the_token_budget():
+    def count(text):  # a stand-in tokenizer: one token per 4 characters
+        return math.ceil(len(text) / 4)
+
+    text = long_prompt(count, 2000)
+    assert 1900 <= count(text) <= 2000
+    assert "class Inventory" in text and text.endswith("?\n")
+
+
+# ---- the reference path's bookkeeping ---------------------------------------------------------
+
+
+def test_reference_measurement_excludes_the_first_token_and_counts_rounds():
+    rec = _Recorder()
+    rec.prompt_tokens = 50
+    rec.evals = [(0.0, 1.0), (1.1, 1.2), (1.3, 1.4)]        # prefill, then two rounds
+    rec.decodes = [(0.0, 0.9), (1.1, 1.18), (1.3, 1.38)]
+    rec.drafts = [(1.01, 1.02, 4), (1.21, 1.22, 4)]          # each round proposed 4 tokens
+    # 1 token from the prefill, 3 from round 2 (2 accepted drafts), 2 from round 3 (1 accepted)
+    rec.samples = [(1.0, 1.005, False), (1.2, 1.205, False), (1.205, 1.21, False),
+                   (1.21, 1.215, False), (1.4, 1.405, False), (1.405, 1.41, False)]
+    m = measure(rec, "length", logits_all=True)
+    assert m.generated == 6 and m.rounds == 3 and m.drafted == 8 and m.accepted == 3
+    assert m.decode_time == pytest.approx(1.41 - 1.005)
+    assert m.tokens_per_second == pytest.approx(5 / (1.41 - 1.005))
+    assert m.time_target == pytest.approx(0.2) and m.time_llama == pytest.approx(0.16)
+    assert m.time_drafting == pytest.approx(0.02)
+    assert m.prompt_tokens == 50 and m.detail["logits_all"]
+
+
+def test_reference_end_of_generation_token_is_not_output():
+    rec = _Recorder()
+    rec.evals = [(0.0, 1.0), (1.0, 1.1)]
+    rec.samples = [(1.0, 1.0, False), (1.1, 1.2, True)]
+    m = measure(rec, "stop")
+    assert m.generated == 1 and m.drafted == 0 and m.accepted == 0
+
+
+# ---- the whole command over fakes -------------------------------------------------------------
+
+
+class FakeReference:
+    """Stands in for llama-cpp-python: a fixed speed, every run."""
+
+    closed = False
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def run(self, config, prompt, max_tokens, sampling) -> Measurement:
+        return Measurement(max_tokens, 40.0, max_tokens / 40.0, 12, max_tokens, 0, 0, 0.0,
+                           0.9 * max_tokens / 40.0, 0.0, "length", time_llama=None)
+
+    def close(self):
+        FakeReference.closed = True
+
+
+@pytest.fixture
+def fake_bench(monkeypatch, tmp_path):
+    """`edgespec bench` over a fake target/draft pair and a fake reference; short prompts."""
+    target, draft = pair(16, n_ctx=512, draft="perturbed")
+    engine = Engine(target, draft, drafter="hybrid")
+    monkeypatch.setattr(bench_cli, "_load", lambda opts: contextlib.nullcontext(engine))
+    monkeypatch.setattr("edgespec.bench_reference.ReferenceRunner", FakeReference)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        '{"id": "e1", "kind": "edit", "prompt": "abcabcabcabcabc abcabcabc"}\n'
+        '{"id": "c1", "kind": "code", "prompt": "def f(x): return x", "max_tokens": 6}\n'
+        '{"id": "t1", "kind": "chat", "messages": [{"role": "system", "content": "hi"}, '
+        '{"role": "user", "content": "hello there"}]}\n')
+
+    def invoke(*args):
+        return CliRunner().invoke(cli, ["bench", "--prompts", str(prompts), "--json",
+                                        str(tmp_path / "r.json"), *args])
+
+    return invoke, tmp_path
+
+
+def test_bench_prints_tables_and_writes_json_and_plot(fake_bench):
+    invoke, tmp = fake_bench
+    res = invoke("--drafters", "none,lookup,model,hybrid,llama-cpp-python", "--repeats", "2",
+                 "-n", "10", "--lengths", "1,3", "--temperature", "0,0.8", "--seed", "4")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "x none" in out and "overall, greedy (temperature 0)" in out
+    assert "overall, temperature 0.8" in out and "keeps" in out
+    assert "speedup against draft length" in out
+    doc = json.loads((tmp / "r.json").read_text())
+    assert doc["schema"] == "edgespec-bench/1" and doc["complete"] is True
+    assert {"settings", "machine", "prompts", "configs", "runs", "aggregates", "peak_rss_mb"} <= set(doc)
+    labels = {"none", "lookup", "model", "hybrid", "llama-cpp-python"}
+    seen = {(r["temperature"], r["prompt"], r["config"]) for r in doc["runs"]}
+    for t in (0.0, 0.8):
+        for p in ("e1", "c1", "t1"):
+            assert {(t, p, c) for c in labels} <= seen
+        assert {(t, "e1", f"{d}@{k}") for d in ("lookup", "model") for k in (1, 3)} <= seen
+    assert not any(r["draft_length"] for r in doc["runs"] if r["prompt"] != "e1")
+    assert len(doc["runs"]) == 2 * 2 * (3 * 5 + 4)
+    for r in doc["runs"]:
+        assert set(r["time"]) == {"drafting", "target", "sampling", "other", "llama"}
+        assert r["generated"] == (6 if r["prompt"] == "c1" else 10)
+    sampled = {r["seed"] for r in doc["runs"] if r["temperature"] == 0.8}
+    assert sampled == {4, 5}  # seed + repeat
+    assert (tmp / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert FakeReference.closed
+
+
+def test_auto_is_skipped_with_a_reason_when_it_cannot_run(fake_bench, monkeypatch):
+    invoke, tmp = fake_bench
+    monkeypatch.setattr("edgespec.drafters.DRAFTER_NAMES", ("none", "lookup", "model", "hybrid"))
+    res = invoke("--drafters", "none,auto", "-n", "4", "--repeats", "1", "--no-warmup")
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp / "r.json").read_text())
+    assert [s["config"] for s in doc["skipped"]] == ["auto"]
+    assert {r["config"] for r in doc["runs"]} == {"none"}
+
+
+def test_ctrl_c_stops_and_still_writes_the_partial_results(fake_bench, monkeypatch):
+    invoke, tmp = fake_bench
+    calls = []
+    real_run = EdgespecRunner.run
+
+    def interrupted(self, *args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_run(self, *args)
+
+    monkeypatch.setattr(EdgespecRunner, "run", interrupted)
+    res = invoke("--drafters", "none,lookup", "-n", "4", "--no-warmup")
+    assert res.exit_code == 130
+    doc = json.loads((tmp / "r.json").read_text())
+    assert doc["complete"] is False and len(doc["runs"]) == 3
+    assert "interrupted" in res.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drafters", "magic"], "magic"),
+    (["--only", "nope"], "no prompt with id nope"),
+    (["--kinds", "poems"], "poems"),
+    (["--lengths", "1,x"], "not an integer"),
+    (["--temperature", "hot"], "not a number"),
+    (["--memory-sides", "edgespec,gpu"], "gpu"),
+    (["--no-runs"], "nothing to do"),
+])
+def test_user_errors_are_one_line_without_traceback(fake_bench, args, message):
+    invoke, _ = fake_bench
+    res = invoke(*args)
+    assert res.exit_code == 2
+    assert message in res.output and "Traceback" not in res.output
+    assert res.output.strip().count("\n") == 0 and res.output.startswith("error: ")
+
+
+def test_bad_prompt_file_is_a_user_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "kind": "chat"}\n')
+    res = CliRunner().invoke(cli, ["bench", "--prompts", str(bad)])
+    assert res.exit_code == 2 and "bad.jsonl:1" in res.output and "Traceback" not in res.output
+
+
+# ---- sweep, GGUF metadata, plot panels ----------------------------------------------------------
+
+
+class StubCosts:
+    """Stands in for edgespec.costs: t(n) = 10 ms + 5 ms per extra token; drafts cost 2 ms."""
+
+    @staticmethod
+    def measure_target_curve(backend, ns, repeats=1):
+        return {n: 0.010 + 0.005 * (n - 1) for n in ns}
+
+    @staticmethod
+    def measure_draft_cost(backend, n=8, repeats=1):
+        return 0.002
+
+    @staticmethod
+    def break_even_acceptance(curve, k, draft_cost=0.0):
+        return 0.5 if draft_cost == 0 else math.inf
+
+
+def test_sweep_table(monkeypatch):
+    from edgespec.bench import run_sweep
+    from edgespec.bench_report import print_sweep
+
+    monkeypatch.setitem(sys.modules, "edgespec.costs", StubCosts)
+    monkeypatch.setattr("edgespec.costs", StubCosts, raising=False)
+    target, draft = pair(16)
+    sweep = run_sweep(Engine(target, draft, drafter="hybrid"), sizes=(1, 2, 4), repeats=1)
+    rows = {r["k"]: r for r in sweep["rows"]}
+    assert rows[4]["t"] == pytest.approx(0.025) and rows[4]["t_rel"] == pytest.approx(2.5)
+    assert rows[4]["t_per_token"] == pytest.approx(0.025 / 4)
+    assert rows[1]["break_even_lookup"] is None  # nothing drafted in a 1-token round
+    assert rows[2]["break_even_lookup"] == 0.5 and rows[2]["break_even_model"] == "never"
+    assert sweep["draft_cost_per_token"] == 0.002
+    lines: list[str] = []
+    print_sweep(sweep, lines.append)
+    text = "\n".join(lines)
+    assert "2.00 ms per drafted token" in text and "25.00" in text and "never" in text
+
+
+def _gguf(tmp_path, kvs) -> Path:
+    def s(x: str) -> bytes:
+        b = x.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    body = b""
+    for key, vtype, value in kvs:
+        body += s(key) + struct.pack("<I", vtype)
+        if vtype == 8:
+            body += s(value)
+        elif vtype == 4:
+            body += struct.pack("<I", value)
+        elif vtype == 9:
+            itype, items = value
+            body += struct.pack("<IQ", itype, len(items))
+            body += b"".join(s(i) if itype == 8 else struct.pack("<i", i) for i in items)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + body)
+    return path
+
+
+def test_gguf_metadata_and_kv_cache_size(tmp_path):
+    from edgespec.bench_memory import kv_cache_bytes, read_gguf_metadata
+
+    path = _gguf(tmp_path, [
+        ("general.architecture", 8, "llama"),
+        ("tokenizer.ggml.tokens", 9, (8, ["a", "bc", "def"])),  # skipped
+        ("llama.block_count", 4, 2),
+        ("llama.attention.head_count", 4, 4),
+        ("llama.attention.head_count_kv", 4, 2),
+        ("some.ints", 9, (5, [1, -2, 3])),
+        ("llama.embedding_length", 4, 64),
+    ])
+    meta = read_gguf_metadata(path)
+    assert meta["llama.block_count"] == 2 and meta["some.ints"] == [1, -2, 3]
+    assert meta["tokenizer.ggml.tokens"] is None
+    # 2 layers x 2 KV heads x (16 + 16) values per cell (head size 64 / 4), 2 bytes each
+    assert kv_cache_bytes(meta, 100) == 100 * 2 * 2 * 32 * 2
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML....")
+    with pytest.raises(ModelError, match="not a GGUF"):
+        read_gguf_metadata(bad)
+
+
+def test_plot_has_a_panel_for_auto_draft_lengths_and_the_sweep(tmp_path):
+    from edgespec.bench_report import write_plot
+
+    runs = [run("a", "none", 10), dict(run("a", "auto", 20), draft_length_hist={"0": 3, "6": 5})]
+    sweep = {"rows": [{"k": 1, "t": 0.01, "t_per_token": 0.01}, {"k": 4, "t": 0.02, "t_per_token": 0.005}],
+             "draft_cost_per_token": 0.003}
+    doc = {"aggregates": aggregate(runs), "sweep": sweep, "machine": {}}
+    assert doc["aggregates"]["overall"][1]["draft_length_hist"] == {"0": 3, "6": 5}
+    path = write_plot(doc, tmp_path / "p.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert write_plot({"aggregates": aggregate([run("a", "none", 10)]), "machine": {}},
+                      tmp_path / "q.png") is None  # nothing to compare
