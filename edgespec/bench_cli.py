@@ -36,7 +36,7 @@ from .bench_memory import DEFAULT_SIDES as MEMORY_SIDES
 from .bench_memory import SIDES
 from .bench_prompts import KINDS, load_prompts, select_prompts
 from .cli_models import user_errors
-from .errors import ConfigError
+from .errors import ConfigError, EdgespecError
 
 
 def add_bench_command(group: click.Group) -> None:
@@ -156,6 +156,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
     sweep_result = memory_result = None
     machine: dict = {}
     interrupted = False
+    failure: EdgespecError | None = None
     target_path = draft_path = None
 
     try:
@@ -186,8 +187,14 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
     except KeyboardInterrupt:
         interrupted = True
         notes.append("interrupted: partial results")
-    _report(settings, machine, prompts, configs, skipped, records, not interrupted, sweep_result,
-            memory_result, notes, json_path, plot_path)
+    except EdgespecError as err:  # e.g. a prompt longer than the context: keep what was measured
+        failure = err
+        notes.append(f"stopped by an error: {err}")
+    _report(settings, machine, prompts, configs, skipped, records,
+            not interrupted and failure is None, sweep_result, memory_result, notes, json_path,
+            plot_path)
+    if failure is not None:
+        raise failure
     if interrupted:
         click.echo("interrupted: partial results written", err=True)
         sys.exit(130)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .bench import Config, Measurement
 from .bench_prompts import BenchPrompt
+from .errors import ModelError
 from .sampling import SamplingParams
 
 #: llama-cpp-python's default number of tokens its prompt lookup proposes per round.
@@ -134,13 +135,16 @@ class ReferenceRunner:
         kwargs = dict(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
                       top_p=sampling.top_p, min_p=sampling.min_p, seed=sampling.seed or 0,
                       repeat_penalty=1.0, stream=True)
-        if prompt.raw:
-            chunks = llm.create_completion(prompt.prompt, **kwargs)
-        else:
-            chunks = llm.create_chat_completion(prompt.as_messages(), **kwargs)
         finish = None
-        for chunk in chunks:
-            finish = chunk["choices"][0].get("finish_reason") or finish
+        try:
+            if prompt.raw:
+                chunks = llm.create_completion(prompt.prompt, **kwargs)
+            else:
+                chunks = llm.create_chat_completion(prompt.as_messages(), **kwargs)
+            for chunk in chunks:
+                finish = chunk["choices"][0].get("finish_reason") or finish
+        except ValueError as err:  # llama-cpp-python's errors, e.g. a prompt over the context
+            raise ModelError(f"{config.drafter} on prompt {prompt.id}: {err}") from None
         return measure(rec, finish or "length", logits_all=config.drafter == "llama-cpp-python")
 
     def close(self) -> None:

@@ -359,6 +359,18 @@ def test_ctrl_c_stops_and_still_writes_the_partial_results(fake_bench, monkeypat
     assert "interrupted" in res.output
 
 
+def test_an_error_mid_run_is_one_line_and_keeps_the_results_so_far(fake_bench):
+    invoke, tmp = fake_bench
+    prompts = tmp / "long.jsonl"
+    prompts.write_text('{"id": "ok", "kind": "chat", "prompt": "short"}\n'
+                       '{"id": "long", "kind": "chat", "prompt": "' + "x" * 600 + '"}\n')
+    res = invoke("--prompts", str(prompts), "--drafters", "none,lookup", "-n", "4", "--no-warmup")
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "error: the prompt is" in res.output
+    doc = json.loads((tmp / "r.json").read_text())
+    assert doc["complete"] is False and {r["prompt"] for r in doc["runs"]} == {"ok"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--drafters", "magic"], "magic"),
     (["--only", "nope"], "no prompt with id nope"),
