@@ -176,7 +176,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                     for s in skipped:
                         echo_err(f"skipping {s['config']}: {s['reason']}")
                     _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens,
-                             warmup, records, notes)
+                             warmup, records, settings)
         if memory:
             if target_path is None:
                 target_path, draft_path = _resolve_paths(opts)
@@ -246,7 +246,7 @@ def _configs(engine, names, ks, known) -> tuple[list[Config], list[dict]]:
 
 
 def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, warmup,
-             records, notes) -> None:
+             records, settings) -> None:
     from tqdm import tqdm
 
     from .bench_reference import ReferenceRunner
@@ -258,7 +258,8 @@ def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, 
         options = getattr(engine.target, "options", None)
         reference = ReferenceRunner(getattr(engine.target, "path", None), engine.target.n_ctx,
                                     getattr(options, "n_threads", None) or config.default_threads())
-        notes.append("llama-cpp-python with a draft_model forces logits_all=True")
+        settings["reference"] = {name: desc for name, desc in reference.describe().items()
+                                 if Config(name) in configs}
     runners = Runners(EdgespecRunner(engine), reference)
     plan = plan_runs(prompts, main, repeats, temperatures, edit_only=fixed)
     bar = tqdm(total=len(plan) + (len(configs) if warmup else 0), desc="bench", unit="run",

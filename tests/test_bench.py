@@ -276,6 +276,9 @@ class FakeReference:
         return Measurement(max_tokens, 40.0, max_tokens / 40.0, 12, max_tokens, 0, 0, 0.0,
                            0.9 * max_tokens / 40.0, 0.0, "length", time_llama=None)
 
+    def describe(self):
+        return {"llama-cpp-python": {"logits_all": True}, "llama-cpp-python-plain": {}}
+
     def close(self):
         FakeReference.closed = True
 
@@ -328,6 +331,7 @@ def test_bench_prints_tables_and_writes_json_and_plot(fake_bench):
     assert sampled == {4, 5}  # seed + repeat
     assert (tmp / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert FakeReference.closed
+    assert doc["settings"]["reference"] == {"llama-cpp-python": {"logits_all": True}}
 
 
 def test_auto_is_skipped_with_a_reason_when_it_cannot_run(fake_bench, monkeypatch):
