@@ -9,12 +9,14 @@ KV cache holds (``tokens``), so that the speculative loop can:
 - reuse the longest common prefix between calls (multi-turn chat re-decodes only what changed).
 
 Batch consistency: on the CPU, llama.cpp picks different matmul kernels by batch size (repacked
-Q4_K weights use a GEMV for fewer than 4 rows and a GEMM otherwise; llamafile's sgemm only runs
-for 2+ rows; flash attention tiles large query batches). A token scored alone and the same token
-scored inside a verification batch then get slightly different logits, and a near-tie can flip.
-``ModelOptions(batch_consistent=True)`` (the default) turns off what can be turned off at run time
-(weight repacking, flash attention); :func:`system_info` reports whether the llama.cpp build has
-llamafile's sgemm compiled in (edgespec's setup builds it without). See README, "Exactness".
+Q4_K weights use a GEMV for fewer than 4 rows and a GEMM otherwise; a tiled K-quant matmul takes
+over from 8 rows; llamafile's sgemm only runs for 2+ rows; flash attention splits the KV for a
+single query). A token scored alone and the same token scored inside a verification batch then
+get slightly different logits, and a near-tie can flip. ``ModelOptions(batch_consistent=True)``
+(the default) turns flash attention off and scores logit-reading batches in pieces of at most
+``CONSISTENT_BATCH`` tokens, which go through the single-token kernels; :func:`system_info`
+reports whether the llama.cpp build has llamafile's sgemm compiled in (edgespec's setup builds it
+without). See README, "Exactness".
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -37,9 +40,11 @@ from llama_cpp import _internals  # noqa: E402
 #: but over the whole shared vocabulary.
 _MAX_VOCAB_SIZE_DIFFERENCE = 128
 
-#: Largest decode batch that uses the same kernels as a single token when repacking, llamafile
-#: and flash attention are off: ggml-cpu's tiled K-quant matmul starts at 8 rows.
-CONSISTENT_BATCH = 7
+#: Largest decode batch whose logits use the same kernels as a single token (llamafile and
+#: flash attention off): with repacked weights, ggml-cpu's repacked GEMV runs up to 3 rows and a
+#: GEMM from 4; without repacking, the generic path runs up to 7 rows and a tiled K-quant
+#: matmul from 8.
+CONSISTENT_BATCH = {True: 3, False: 7}
 
 _log_lock = threading.Lock()
 _log_lines: list[str] = []
@@ -106,6 +111,7 @@ class ModelOptions:
     n_ctx: int = 4096
     n_batch: int = 512
     batch_consistent: bool = True
+    repack: bool = True  #: llama.cpp's repacked CPU weights (faster; see CONSISTENT_BATCH)
 
 
 def check_gguf_file(path: Path) -> None:
@@ -133,8 +139,7 @@ class LlamaBackend:
         _recent_errors()  # drop stale lines
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
-        if options.batch_consistent:
-            mparams.use_extra_bufts = False  # no weight repacking: one matmul kernel for any batch
+        mparams.use_extra_bufts = options.repack
         try:
             self._model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=True)
         except ValueError:
@@ -167,6 +172,8 @@ class LlamaBackend:
                                  llama_cpp.llama_n_ubatch(self._ctx.ctx))
         #: token ids held by the KV cache, position i holds tokens[i]
         self.tokens: list[int] = []
+        #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
+        self.decode_seconds = 0.0
         self.path = path
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -230,7 +237,9 @@ class LlamaBackend:
                     batch.n_seq_id[j] = 1
                     batch.seq_id[j][0] = 0
                     batch.logits[j] = c0 + j >= first_logit
+                t0 = time.perf_counter()
                 rc = llama_cpp.llama_decode(self._ctx.ctx, batch)
+                self.decode_seconds += time.perf_counter() - t0
                 if rc != 0:
                     raise ModelError(f"llama_decode failed with code {rc}")
                 self.tokens.extend(chunk)
@@ -250,7 +259,8 @@ class LlamaBackend:
         that every one of them goes through the same matmul kernels as a single token."""
         step = self._n_batch
         spans = [(c, min(c + step, first_logit)) for c in range(0, first_logit, step)]
-        step = min(CONSISTENT_BATCH, step) if self.options.batch_consistent else step
+        if self.options.batch_consistent:
+            step = min(CONSISTENT_BATCH[self.options.repack], step)
         spans += [(c, min(c + step, n)) for c in range(first_logit, n, step)]
         return spans
 
