@@ -40,10 +40,13 @@ def model_options(func):
         click.option("--draft", "-d", "draft", metavar="NAME|PATH",
                      help="Draft model: catalog name or GGUF path (default: the pair's draft)."),
         click.option("--drafter", type=click.Choice(DRAFTER_NAMES), default=config.DEFAULT_DRAFTER,
-                     show_default=True, help="Who proposes tokens; `none` is plain decoding."),
+                     show_default=True, help="Who proposes tokens: `auto` picks plain decoding, lookup or the draft "
+                          "model (and k) each round by measured cost; `none` is plain decoding."),
         click.option("--draft-length", "-k", type=click.IntRange(0, config.MAX_DRAFT_LENGTH),
-                     default=config.DEFAULT_DRAFT_LENGTH, show_default=True,
-                     help="Tokens drafted per round."),
+                     default=None,
+                     help=f"Tokens drafted per round [default: auto chooses 0-"
+                          f"{config.AUTO_MAX_DRAFT_LENGTH} each round; other drafters "
+                          f"{config.DEFAULT_DRAFT_LENGTH}]. With auto, a cap."),
         click.option("--max-ngram", type=click.IntRange(1, 64), default=config.DEFAULT_MAX_NGRAM,
                      show_default=True, help="Longest n-gram prompt lookup matches."),
         click.option("--min-ngram", type=click.IntRange(1, 64), default=config.DEFAULT_MIN_NGRAM,

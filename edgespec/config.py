@@ -6,8 +6,12 @@ import os
 from pathlib import Path
 
 DEFAULT_PAIR = "default"
-DEFAULT_DRAFTER = "hybrid"
-DEFAULT_DRAFT_LENGTH = 4
+DEFAULT_DRAFTER = "auto"
+DEFAULT_DRAFT_LENGTH = 4  #: for fixed drafters; ``auto`` chooses k per round
+AUTO_MAX_DRAFT_LENGTH = 32  #: the longest draft ``auto`` considers
+#: t(n) points measured at start-up, most useful first, within the time budget
+CALIBRATION_POINTS = (1, 4, 16, 32, 8)
+CALIBRATION_BUDGET_S = 0.6
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_TOKENS = 512

@@ -8,10 +8,14 @@ one-hot proposal). The target then verifies them all in one batched call.
 - ``lookup``: prompt-lookup n-gram copying (one-hot proposals, ~free).
 - ``model``: an autoregressive GGUF draft model sampled with the same processing as the target.
 - ``hybrid``: lookup when it finds a match, else the draft model.
+- ``auto``: each round, whichever of plain decoding, lookup or the draft model (and how many
+  tokens) maximises the expected tokens per second under the measured costs (see
+  :mod:`edgespec.policy`).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -22,7 +26,10 @@ from .errors import ConfigError
 from .lookup import find_continuation
 from .sampling import SamplingParams, process, sample
 
-DRAFTER_NAMES = ("none", "lookup", "model", "hybrid")
+DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
+
+#: Drafters that use the draft model when one is loaded.
+MODEL_DRAFTERS = ("auto", "model", "hybrid")
 
 
 @dataclass
@@ -54,6 +61,18 @@ class Drafter(Protocol):
     ) -> Draft:
         """Propose up to k tokens to follow ``context``."""
         ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one round did, reported back to drafters that learn (``auto``)."""
+
+    draft: Draft | None
+    drafted: int  #: tokens actually scored as drafts (the loop may cap the proposal)
+    accepted: int
+    new_tokens: list[int]  #: tokens committed this round
+    t_draft: float
+    t_target: float
 
 
 class NoDrafter:
@@ -149,6 +168,70 @@ class HybridDrafter:
         return self.model.propose(context, k, params, rng)
 
 
+class AutoDrafter:
+    """Cost-aware choice, every round, between plain decoding, lookup and the draft model.
+
+    The lookup proposal is computed every round (it costs ~nothing) and compared with what the
+    round committed: for a one-hot draft x, P(accept) = p(x) = P(committed token == x), so this
+    shadow comparison estimates lookup's acceptance even in rounds that did not use it. The
+    draft model's acceptance is only learned when it drafts; it is tried again now and then if
+    it could pay at all under the cost curve.
+    """
+
+    name = "auto"
+
+    #: Rounds without the draft model after which it gets one more trial (if it could pay).
+    REPROBE_ROUNDS = 64
+
+    def __init__(self, policy, lookup: LookupDrafter, model: ModelDrafter | None = None) -> None:
+        self.policy = policy
+        self.lookup = lookup
+        self.model = model
+        self.choices: dict[int, int] = {}  #: k -> rounds (k = 0: plain decoding step)
+        self._shadow: Draft | None = None
+        self._since_model = 0
+
+    def propose(self, context, k, params, rng) -> Draft:
+        t0 = time.perf_counter()
+        shadow = self.lookup.propose(context, k, params, rng)
+        self.policy.lookup_cost.observe(time.perf_counter() - t0)
+        self._shadow = shadow
+        choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
+        if (choice.source == "none" and self.model is not None
+                and self._since_model >= self.REPROBE_ROUNDS and self.policy.model_can_pay(k)):
+            self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
+            choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
+        self.choices[choice.k] = self.choices.get(choice.k, 0) + 1
+        if choice.source == "lookup":
+            return Draft(shadow.tokens[: choice.k], shadow.q[: choice.k], "lookup", shadow.ngram)
+        if choice.source == "model" and self.model is not None:
+            self._since_model = 0
+            return self.model.propose(context, choice.k, params, rng)
+        self._since_model += 1
+        return Draft(source="none")
+
+    def observe(self, outcome: Outcome) -> None:
+        """Learn from a round: acceptance of each source, and what the calls cost."""
+        policy = self.policy
+        n = outcome.drafted + 1
+        policy.curve.observe(n, outcome.t_target)
+        shadow = self._shadow
+        if shadow is not None and shadow.tokens:
+            matched = 0
+            for proposed, committed in zip(shadow.tokens, outcome.new_tokens):
+                if proposed != committed:
+                    break
+                matched += 1
+            # A mismatch is only seen if the round committed a token at that position.
+            seen_mismatch = matched < min(len(shadow.tokens), len(outcome.new_tokens))
+            policy.lookup_estimate(shadow.ngram).update(matched, seen_mismatch)
+        draft = outcome.draft
+        if draft is not None and draft.source == "model" and outcome.drafted:
+            policy.model.update(outcome.accepted, outcome.accepted < outcome.drafted)
+            if policy.draft_cost is not None:
+                policy.draft_cost.observe(outcome.t_draft / outcome.drafted)
+
+
 def check_drafter_name(name: str) -> str:
     """Return ``name`` if it is a drafter, else raise ConfigError listing the valid ones."""
     if name not in DRAFTER_NAMES:
@@ -163,13 +246,20 @@ def make_drafter(
     *,
     max_ngram: int = DEFAULT_MAX_NGRAM,
     min_ngram: int = DEFAULT_MIN_NGRAM,
+    policy=None,
 ) -> Drafter:
-    """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model."""
+    """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model, ``auto``
+    a :class:`edgespec.policy.Policy` (it uses the draft model when there is one)."""
     if check_drafter_name(name) == "none":
         return NoDrafter()
     lookup = LookupDrafter(max_ngram, min_ngram)
     if name == "lookup":
         return lookup
+    if name == "auto":
+        if policy is None:
+            raise ConfigError("drafter 'auto' needs a cost policy")
+        model = ModelDrafter(draft_model, n_vocab) if draft_model is not None else None
+        return AutoDrafter(policy, lookup, model)
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model (--draft)")
     model = ModelDrafter(draft_model, n_vocab)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from . import config
-from .drafters import check_drafter_name, make_drafter
+from .costs import CostCurve, measure_draft_cost, measure_target_curve
+from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
+from .policy import CostEstimate, Policy
 from .errors import ConfigError, ContextOverflowError, EdgespecError
 from .loop import prefill, rounds
 from .rejection import Source
@@ -70,10 +72,32 @@ class Completion:
         }
 
 
-def validate_draft_length(k: int) -> int:
+def validate_draft_length(k: int | None) -> int | None:
+    """``None`` (the default: ``auto`` chooses, fixed drafters use DEFAULT_DRAFT_LENGTH) or an
+    integer in [0, MAX_DRAFT_LENGTH]."""
+    if k is None:
+        return None
     if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= config.MAX_DRAFT_LENGTH:
         raise ConfigError(f"draft length must be an integer in [0, {config.MAX_DRAFT_LENGTH}], got {k!r}")
     return k
+
+
+def effective_draft_length(drafter: str, k: int | None) -> int:
+    """The per-round cap: ``auto`` chooses up to AUTO_MAX_DRAFT_LENGTH, others draft exactly
+    DEFAULT_DRAFT_LENGTH, unless the user set k."""
+    if k is not None:
+        return k
+    return config.AUTO_MAX_DRAFT_LENGTH if drafter == "auto" else config.DEFAULT_DRAFT_LENGTH
+
+
+@dataclass
+class Costs:
+    """This machine's measured costs: the target's t(n) curve (refined by every round that
+    ``auto`` plays) and the draft model's seconds per token."""
+
+    target: CostCurve
+    draft_per_token: float | None
+    calibration_seconds: float
 
 
 class Engine:
@@ -90,16 +114,18 @@ class Engine:
         draft=None,
         *,
         drafter: str = config.DEFAULT_DRAFTER,
-        draft_length: int = config.DEFAULT_DRAFT_LENGTH,
+        draft_length: int | None = None,
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
     ) -> None:
         self.target = target
         self.draft = draft
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.drafter_name = drafter
-        make_drafter(drafter, draft, target.n_vocab, max_ngram=max_ngram, min_ngram=min_ngram)
+        self.drafter_name = check_drafter_name(drafter)
+        if drafter in ("model", "hybrid") and draft is None:
+            raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
         self.draft_length = validate_draft_length(draft_length)
+        self.costs: Costs | None = None
         self._lock = threading.Lock()
 
     # ---- construction ----------------------------------------------------------------------
@@ -112,7 +138,7 @@ class Engine:
         *,
         pair: str = config.DEFAULT_PAIR,
         drafter: str = config.DEFAULT_DRAFTER,
-        draft_length: int = config.DEFAULT_DRAFT_LENGTH,
+        draft_length: int | None = None,
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
         n_gpu_layers: int = 0,
@@ -128,9 +154,12 @@ class Engine:
 
         With no ``target``, the catalog pair ``pair`` gives target and draft. With an explicit
         ``target`` and no ``draft``, no draft model is loaded (drafters ``none``, ``lookup``).
-        The draft model is only loaded when the drafter uses it (``model``, ``hybrid``).
+        The draft model is only loaded when the drafter uses it (``auto``, ``model``, ``hybrid``).
         ``draft_n_gpu_layers`` defaults to ``n_gpu_layers``. ``batch_consistent`` makes the
         target's logits independent of how many tokens are scored per call (see README).
+        ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
+        DEFAULT_DRAFT_LENGTH). With drafter ``auto`` the costs are measured right after loading
+        (:meth:`calibrate`).
         """
         from .backend import LlamaBackend, ModelOptions, check_compatible
         from .catalog import resolve_model, resolve_pair
@@ -148,7 +177,7 @@ class Engine:
             target, draft = chosen.target, draft if draft is not None else chosen.draft
         target_path = resolve_model(str(target), download=download, progress=progress)
         draft_path = None
-        if draft is not None and drafter in ("model", "hybrid"):
+        if draft is not None and drafter in MODEL_DRAFTERS:
             draft_path = resolve_model(str(draft), download=download, progress=progress)
 
         def options(path: Path, ngl: int, consistent: bool) -> ModelOptions:
@@ -166,13 +195,35 @@ class Engine:
                 same_file = draft_path.resolve() == target_path.resolve()
                 draft_be = LlamaBackend(options(draft_path, ngl, batch_consistent and same_file))
                 check_compatible(target_be, draft_be)
-            return cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
-                       max_ngram=max_ngram, min_ngram=min_ngram)
+            engine = cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
+                         max_ngram=max_ngram, min_ngram=min_ngram)
+            if drafter == "auto":
+                engine.calibrate()
+            return engine
         except BaseException:
             if draft_be is not None:
                 draft_be.close()
             target_be.close()
             raise
+
+    def calibrate(self, *, force: bool = False) -> Costs:
+        """Measure t(n) of the target (n in CALIBRATION_POINTS, as the time budget allows) and the
+        draft model's per-token cost: about a second on a small CPU, far less on a GPU.
+        Done once per engine (``force`` re-measures); ``auto`` refines the curve as it runs."""
+        if self.costs is not None and not force:
+            return self.costs
+        with self._exclusive():
+            start = time.perf_counter()
+            curve = measure_target_curve(self.target, config.CALIBRATION_POINTS,
+                                         budget_s=config.CALIBRATION_BUDGET_S)
+            draft_cost = measure_draft_cost(self.draft, n=4) if self.draft is not None else None
+            self.costs = Costs(CostCurve(curve), draft_cost, time.perf_counter() - start)
+        return self.costs
+
+    def _policy(self) -> Policy:
+        costs = self.costs if self.costs is not None else self.calibrate()
+        per_token = costs.draft_per_token
+        return Policy(costs.target, CostEstimate(per_token) if per_token is not None else None)
 
     def close(self) -> None:
         """Free both models."""
@@ -231,9 +282,11 @@ class Engine:
             stop = [stop]
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        name = drafter or self.drafter_name
-        k = validate_draft_length(self.draft_length if draft_length is None else draft_length)
-        drafter_obj = make_drafter(name, self.draft, self.target.n_vocab,
+        name = check_drafter_name(drafter or self.drafter_name)
+        k = effective_draft_length(
+            name, validate_draft_length(self.draft_length if draft_length is None else draft_length))
+        policy = self._policy() if name == "auto" else None
+        drafter_obj = make_drafter(name, self.draft, self.target.n_vocab, policy=policy,
                                    max_ngram=self.max_ngram, min_ngram=self.min_ngram)
         tokens = self.prompt_tokens(prompt, chat=chat, system=system)
         if len(tokens) >= self.target.n_ctx:
@@ -270,6 +323,7 @@ class Engine:
         start = time.perf_counter()
         stats.cached_prompt_tokens = prefill(target, prompt)
         stats.time_prefill = time.perf_counter() - start
+        llama_start = self._llama_seconds()
         text = TextStream(stop)
         rng = make_rng(sampling.seed)
         finish = None
@@ -288,6 +342,7 @@ class Engine:
                     finish = "length"
                     break
             stats.time_total = time.perf_counter() - start
+            stats.time_llama = self._llama_seconds() - llama_start
             if finish:
                 tail = text.flush()
                 if tail and infos:
@@ -297,4 +352,8 @@ class Engine:
                 return
             yield Chunk("".join(i.text for i in infos), infos, stats)
         stats.time_total = time.perf_counter() - start
+        stats.time_llama = self._llama_seconds() - llama_start
         yield Chunk(text.flush(), [], stats, "context")
+
+    def _llama_seconds(self) -> float:
+        return sum(getattr(m, "decode_seconds", 0.0) for m in (self.target, self.draft) if m is not None)

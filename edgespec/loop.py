@@ -17,7 +17,7 @@ from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
-from .drafters import Drafter
+from .drafters import Drafter, Outcome
 from .rejection import Source, verify
 from .sampling import SamplingParams, process
 from .stats import Stats
@@ -110,6 +110,9 @@ def rounds(
         committed.extend(new)
         emitted += len(new)
         name = draft.source if draft and tokens else "none"
+        observe = getattr(drafter, "observe", None)
+        if observe is not None:
+            observe(Outcome(draft, len(tokens), verdict.n_accepted, new, t1 - t0, t2 - t1))
         stats.record_round(name, len(tokens), verdict.n_accepted)
         stats.time_drafting += t1 - t0
         stats.time_target += t2 - t1

@@ -19,7 +19,9 @@ class Stats:
     """Counters and timers, updated in place while tokens stream.
 
     ``accepted_hist[n]`` counts rounds in which exactly n drafted tokens were accepted (rounds
-    with nothing drafted count under 0). Times are seconds of wall clock.
+    with nothing drafted count under 0); ``drafted_hist[k]`` counts rounds that drafted k tokens
+    (what ``auto`` chose). Times are seconds of wall clock; ``time_llama`` is the part of the
+    decoding time spent inside llama.cpp's decode calls (target and draft).
     """
 
     prompt_tokens: int = 0
@@ -29,12 +31,14 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     accepted_hist: list[int] = field(default_factory=list)
+    drafted_hist: list[int] = field(default_factory=list)
     by_drafter: dict[str, SourceStats] = field(default_factory=dict)
     time_prefill: float = 0.0
     time_drafting: float = 0.0
     time_target: float = 0.0
     time_sampling: float = 0.0
     time_total: float = 0.0
+    time_llama: float = 0.0
 
     def record_round(self, drafter: str, drafted: int, accepted: int) -> None:
         """Count one verification round."""
@@ -44,6 +48,9 @@ class Stats:
         if len(self.accepted_hist) <= accepted:
             self.accepted_hist.extend([0] * (accepted + 1 - len(self.accepted_hist)))
         self.accepted_hist[accepted] += 1
+        if len(self.drafted_hist) <= drafted:
+            self.drafted_hist.extend([0] * (drafted + 1 - len(self.drafted_hist)))
+        self.drafted_hist[drafted] += 1
         src = self.by_drafter.setdefault(drafter, SourceStats())
         src.rounds += 1
         src.drafted += drafted
@@ -76,6 +83,12 @@ class Stats:
         return self.generated / t if t > 0 else 0.0
 
     @property
+    def python_overhead(self) -> float:
+        """Fraction of the decoding time spent outside llama.cpp's decode calls."""
+        t = self.decode_time
+        return max(t - self.time_llama, 0.0) / t if t > 0 else 0.0
+
+    @property
     def time_other(self) -> float:
         """Decoding time outside drafting, target calls and sampling (Python overhead)."""
         busy = self.time_drafting + self.time_target + self.time_sampling
@@ -94,6 +107,7 @@ class Stats:
             "mean_accepted": round(self.mean_accepted, 4),
             "tokens_per_round": round(self.tokens_per_round, 4),
             "accepted_hist": list(self.accepted_hist),
+            "drafted_hist": list(self.drafted_hist),
             "by_drafter": {
                 k: {"rounds": v.rounds, "drafted": v.drafted, "accepted": v.accepted}
                 for k, v in self.by_drafter.items()
@@ -105,8 +119,10 @@ class Stats:
                 "target": round(self.time_target, 4),
                 "sampling": round(self.time_sampling, 4),
                 "other": round(self.time_other, 4),
+                "llama": round(self.time_llama, 4),
                 "total": round(self.time_total, 4),
             },
+            "python_overhead": round(self.python_overhead, 4),
         }
 
     def summary(self) -> str:

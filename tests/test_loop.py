@@ -398,3 +398,61 @@ def test_negative_control_target_rows_read_one_position_late(monkeypatch):
     target, draft = _stat_pair()
     counts = _first_three(target, make_drafter("model", draft, 4), T1, N_STAT, 31)
     assert chi2_pvalue(counts, _exact_joint(T1)) < ALPHA
+
+
+# ---- the auto drafter: any mix of sources and lengths stays exact ------------------------------
+
+GPU_LIKE = {1: 0.010, 4: 0.011, 16: 0.014}  # scoring is nearly free: auto drafts a lot
+
+
+@pytest.fixture
+def frozen_costs(monkeypatch):
+    """Costs that do not follow the wall clock, so auto's choices are reproducible."""
+    from edgespec.costs import CostCurve
+    from edgespec.policy import CostEstimate
+
+    monkeypatch.setattr(CostCurve, "observe", lambda self, n, s: None)
+    monkeypatch.setattr(CostEstimate, "observe", lambda self, s: None)
+
+
+def _auto(draft, n_vocab, curve=GPU_LIKE, draft_cost=0.002):
+    from edgespec.costs import CostCurve
+    from edgespec.policy import CostEstimate, Policy
+
+    policy = Policy(CostCurve(dict(curve)), CostEstimate(draft_cost) if draft is not None else None)
+    return make_drafter("auto", draft, n_vocab, policy=policy)
+
+
+@pytest.mark.parametrize("cap", [3, 16])
+def test_auto_greedy_equals_greedy_plain(cap, frozen_costs):
+    target, _ = _greedy_setup()
+    plain, _, _ = generate(target, make_drafter("none"), PROMPT, GREEDY, cap, 150)
+    target, draft = _greedy_setup()
+    drafter = _auto(draft, 8)
+    spec, _, stats = generate(target, drafter, PROMPT, GREEDY, cap, 150)
+    assert spec == plain
+    assert 0 < stats.accepted < stats.drafted
+    assert stats.by_drafter["lookup"].drafted and stats.by_drafter["model"].drafted
+    assert max(drafter.choices) <= cap and len(drafter.choices) > 1  # it varied k
+
+
+def test_auto_on_linear_costs_decodes_plainly_and_never_drafts_the_model(frozen_costs):
+    target, draft = _greedy_setup()
+    cpu = {1: 0.05, 2: 0.1, 8: 0.4, 16: 0.8}  # per-call cost exactly proportional to tokens
+    drafter = _auto(draft, 8, curve=cpu, draft_cost=0.02)
+    plain, _, _ = generate(_greedy_setup()[0], make_drafter("none"), PROMPT, GREEDY, 8, 80)
+    spec, _, stats = generate(target, drafter, PROMPT, GREEDY, 8, 80)
+    assert spec == plain
+    assert stats.drafted == 0 and draft.calls == []  # not one draft-model call
+
+
+@pytest.mark.parametrize("mode", STAT_MODES)
+def test_auto_joint_of_first_three_tokens_is_the_targets(mode, frozen_costs):
+    # Same N and threshold as above. auto's state (acceptance estimates) carries over from one
+    # generation to the next, so the choice of source and k varies with the sampled past.
+    params = STAT_MODES[mode]
+    target, draft = _stat_pair()
+    drafter = _auto(draft, 4, draft_cost=0.001)
+    counts = _first_three(target, drafter, params, N_STAT, 33)
+    assert chi2_pvalue(counts, _exact_joint(params)) > ALPHA
+    assert len(drafter.choices) >= 3  # several draft lengths were played

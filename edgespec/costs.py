@@ -1,0 +1,163 @@
+"""What speculation costs on this machine: the target's batch-scoring curve t(n), the draft's
+per-token cost, and what they imply.
+
+``t(n)`` is the wall time of one target call that scores ``n`` tokens (``[last] + n - 1`` drafts)
+and returns ``n`` rows of logits. On a GPU it is nearly flat in ``n``; on a small CPU it grows
+almost linearly, and then drafting rarely pays. :class:`CostCurve` holds measured points,
+interpolates between them and refines them online from the timings of real rounds.
+
+:func:`measure_target_curve` and :func:`measure_draft_cost` take any backend with
+``sync``/``decode``/``tokens`` (the real one is :class:`edgespec.backend.LlamaBackend`); the rest
+is pure arithmetic.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+def _filler(model: "Scorer", n: int) -> list[int]:
+    """n ordinary token ids to measure with (their values do not change the cost)."""
+    n_vocab = getattr(model, "n_vocab", 1 << 16)
+    return [(300 + i) % n_vocab for i in range(n)]
+
+#: Weight of a new observation in the running estimate of t(n).
+_EMA = 0.2
+
+
+class Scorer(Protocol):
+    n_ctx: int
+    n_vocab: int
+    tokens: list[int]
+
+    def sync(self, prefix: Sequence[int]) -> int: ...
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
+
+
+def _timed_decode(model: Scorer, context: Sequence[int], batch: Sequence[int], n_logits: int) -> float:
+    model.sync(context)
+    if len(model.tokens) < len(context):
+        model.decode(list(context[len(model.tokens):]), 0)
+    t0 = time.perf_counter()
+    model.decode(list(batch), n_logits)
+    return time.perf_counter() - t0
+
+
+def measure_target_curve(
+    target: Scorer, ns: Sequence[int] = (1, 4, 16), *, repeats: int = 1, context: int = 32,
+    budget_s: float | None = None,
+) -> dict[int, float]:
+    """Seconds per target call scoring n tokens (n logit rows), after ``context`` cached tokens.
+
+    One warm-up call first (the first call after loading pays page faults; it is not counted in
+    the budget). The median of ``repeats`` calls per n, measured in the order given. With
+    ``budget_s``, stops once the budget is spent (the first n is always measured): list the
+    points that matter most first. Leaves the cache holding filler tokens: callers
+    ``sync`` to their own text afterwards, as the loop always does.
+    """
+    ns = [n for n in dict.fromkeys(ns) if n >= 1]
+    context = max(0, min(context, target.n_ctx - max(ns, default=1)))
+    prefix = _filler(target, context)
+    _timed_decode(target, prefix, _filler(target, 1), 1)
+    start = time.perf_counter()
+    curve: dict[int, float] = {}
+    for n in ns:
+        if context + n > target.n_ctx:
+            continue
+        batch = _filler(target, n)
+        samples = [_timed_decode(target, prefix, batch, n) for _ in range(repeats)]
+        curve[n] = float(np.median(samples))
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            break
+    return curve
+
+
+def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32) -> float:
+    """Seconds per drafted token: n single-token decodes with one logit row each, as a drafter
+    makes them (after a warm-up call)."""
+    context = max(0, min(context, draft.n_ctx - n - 1))
+    prefix = _filler(draft, context)
+    filler = _filler(draft, n)
+    _timed_decode(draft, prefix, filler[:1], 1)
+    samples = []
+    for _ in range(repeats):
+        draft.sync(prefix)
+        t0 = time.perf_counter()
+        for tok in filler:
+            draft.decode([tok], 1)
+        samples.append((time.perf_counter() - t0) / n)
+    return float(np.median(samples))
+
+
+@dataclass
+class CostCurve:
+    """Measured t(n) points, piecewise-linear in between, refined by online observations.
+
+    Beyond the largest measured n the last segment's slope is extended (a GPU's flat curve
+    stays flat, a CPU's linear one stays linear).
+    """
+
+    points: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("a cost curve needs at least one measured point")
+        self.points = {int(n): float(t) for n, t in self.points.items()}
+
+    def __call__(self, n: int) -> float:
+        ns = sorted(self.points)
+        if n in self.points:
+            return self.points[n]
+        if len(ns) == 1:
+            return self.points[ns[0]] * n / ns[0]
+        i = bisect.bisect_left(ns, n)
+        if i == 0:
+            lo, hi = ns[0], ns[1]
+        elif i == len(ns):
+            lo, hi = ns[-2], ns[-1]
+        else:
+            lo, hi = ns[i - 1], ns[i]
+        slope = (self.points[hi] - self.points[lo]) / (hi - lo)
+        return max(self.points[lo] + slope * (n - lo), 1e-6)
+
+    def observe(self, n: int, seconds: float) -> None:
+        """Blend in the time a real call of n tokens took."""
+        if n in self.points:
+            self.points[n] += _EMA * (seconds - self.points[n])
+        else:
+            self.points[n] = seconds
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens one round emits when each of k drafts is accepted with probability
+    ``alpha`` independently of the others (Leviathan et al. 2023, eq. 1): (1 - a^(k+1)) / (1 - a)."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def break_even_acceptance(curve: CostCurve | dict[int, float], k: int, draft_cost: float = 0.0) -> float:
+    """Smallest per-token acceptance at which drafting k tokens is as fast as plain decoding.
+
+    Solves expected_tokens(a, k) / (t(k + 1) + k * draft_cost) = 1 / t(1) for a by bisection;
+    returns ``inf`` when even a = 1 cannot pay for the round.
+    """
+    t = curve if isinstance(curve, CostCurve) else CostCurve(dict(curve))
+    need = (t(k + 1) + k * draft_cost) / t(1)  # tokens the round must emit to break even
+    if need > k + 1:
+        return float("inf")
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if expected_tokens(mid, k) < need:
+            lo = mid
+        else:
+            hi = mid
+    return hi

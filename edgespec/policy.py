@@ -1,0 +1,130 @@
+"""The cost-aware choice behind the ``auto`` drafter: which source drafts, and how many tokens.
+
+Every round, for each source s (prompt lookup, the draft model) and each k, the expected rate is
+
+    rate(s, k) = E[tokens | alpha_s, k] / (t(k + 1) + cost_s(k)),   E = (1 - a^(k+1)) / (1 - a)
+
+(Leviathan et al. 2023, sections 3.3-3.5, with the *measured* target curve t instead of their
+linear cost model), and plain decoding is ``1 / t(1)``. The best rate wins; drafting must beat
+plain decoding by a small margin, so that noise in the estimates does not buy losing bets.
+
+Acceptance rates are learned online per source (for lookup, per matched n-gram length) as a
+geometric maximum-likelihood estimate with a prior and exponential forgetting. Pure arithmetic:
+no model, no llama_cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .costs import CostCurve, expected_tokens
+
+#: Drafting must promise this much more than plain decoding before it is chosen.
+MARGIN = 0.03
+
+#: Old evidence fades by this factor per observation, so estimates follow the text's mood
+#: (a code block that is being copied, then free prose) within a few dozen rounds.
+DECAY = 0.95
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Per-token acceptance probability from (accepted run, rejected?) observations.
+
+    Under independent per-token acceptance a, a round that accepts j drafts and then rejects one
+    contributes j successes and one failure; a round whose drafts all pass contributes only
+    successes. The estimate is successes / (successes + failures), with ``prior_weight``
+    pseudo-observations at ``prior``.
+    """
+
+    prior: float
+    prior_weight: float = 2.0
+    successes: float = 0.0
+    failures: float = 0.0
+
+    def update(self, accepted: int, rejected: bool) -> None:
+        self.successes = DECAY * self.successes + accepted
+        self.failures = DECAY * self.failures + (1.0 if rejected else 0.0)
+
+    @property
+    def alpha(self) -> float:
+        w = self.prior_weight
+        return (self.successes + w * self.prior) / (self.successes + self.failures + w)
+
+    @property
+    def evidence(self) -> float:
+        return self.successes + self.failures
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What to do this round: draft ``k`` tokens from ``source`` (``none`` and k = 0: plain step)."""
+
+    source: str
+    k: int
+    rate: float  #: expected tokens per second
+    baseline: float  #: plain decoding's tokens per second under the same cost curve
+
+
+@dataclass
+class CostEstimate:
+    """Running mean of a per-call or per-token cost in seconds."""
+
+    seconds: float
+    weight: float = 0.2
+
+    def observe(self, seconds: float) -> None:
+        self.seconds += self.weight * (seconds - self.seconds)
+
+
+@dataclass
+class Policy:
+    """Online estimates plus the arg-max rule. One per generation (acceptance depends on the
+    text); the cost curve is shared by the engine across generations."""
+
+    curve: CostCurve
+    draft_cost: CostEstimate | None = None  #: seconds per draft-model token; None: no model
+    lookup_cost: CostEstimate = field(default_factory=lambda: CostEstimate(2e-4))
+    model: AcceptanceEstimate = field(default_factory=lambda: AcceptanceEstimate(0.6))
+    lookup: dict[int, AcceptanceEstimate] = field(default_factory=dict)
+    #: prior for lookup by matched n-gram length: longer matches are likelier to continue
+    lookup_prior: tuple[float, float] = (0.4, 0.7)  #: (at n-gram 1, at n-gram >= 4)
+
+    def lookup_estimate(self, ngram: int) -> AcceptanceEstimate:
+        est = self.lookup.get(ngram)
+        if est is None:
+            lo, hi = self.lookup_prior
+            prior = lo + (hi - lo) * min(max(ngram - 1, 0), 3) / 3
+            est = self.lookup[ngram] = AcceptanceEstimate(prior)
+        return est
+
+    def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0) -> Choice:
+        """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers."""
+        t = self.curve
+        baseline = 1.0 / t(1)
+        best = Choice("none", 0, baseline, baseline)
+        if k_max <= 0:
+            return best
+        threshold = baseline * (1.0 + MARGIN)
+        if lookup_len > 0:
+            a = self.lookup_estimate(lookup_ngram).alpha
+            c = self.lookup_cost.seconds
+            for k in range(1, min(k_max, lookup_len) + 1):
+                rate = expected_tokens(a, k) / (t(k + 1) + c)
+                if rate > max(best.rate, threshold):
+                    best = Choice("lookup", k, rate, baseline)
+        if self.draft_cost is not None:
+            a = self.model.alpha
+            c = self.draft_cost.seconds
+            for k in range(1, k_max + 1):
+                rate = expected_tokens(a, k) / (t(k + 1) + k * c)
+                if rate > max(best.rate, threshold):
+                    best = Choice("model", k, rate, baseline)
+        return best
+
+    def model_can_pay(self, k_max: int) -> bool:
+        """Whether the draft model could beat plain decoding even if it were always right."""
+        if self.draft_cost is None:
+            return False
+        t, c = self.curve, self.draft_cost.seconds
+        return any((k + 1) / (t(k + 1) + k * c) > 1.0 / t(1) for k in range(1, k_max + 1))

@@ -1,0 +1,101 @@
+"""The cost model and the auto drafter's choice: pure arithmetic on hand-made cost curves."""
+
+import math
+
+import pytest
+
+from edgespec.costs import CostCurve, break_even_acceptance, expected_tokens, measure_target_curve
+from edgespec.policy import AcceptanceEstimate, CostEstimate, Policy
+
+from .fakes import FakeLM, Table
+
+# Two machines, in seconds per target call scoring n tokens:
+# a small CPU where batches cost almost linearly (this dev machine's exact kernels, measured),
+CPU = {1: 0.051, 2: 0.098, 4: 0.190, 8: 0.380, 16: 0.760}
+# and a GPU where scoring 16 tokens costs little more than one.
+GPU = {1: 0.010, 4: 0.011, 16: 0.014}
+
+
+def test_expected_tokens_matches_the_geometric_series():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    a, k = 0.7, 4
+    assert expected_tokens(a, k) == pytest.approx(sum(a**i for i in range(k + 1)))
+    assert expected_tokens(0.5, 0) == 1.0
+
+
+def test_cost_curve_interpolates_extrapolates_and_learns():
+    t = CostCurve({1: 1.0, 5: 3.0})
+    assert t(1) == 1.0 and t(5) == 3.0
+    assert t(3) == pytest.approx(2.0)  # between points
+    assert t(9) == pytest.approx(5.0)  # last slope extended
+    t.observe(3, 4.0)  # a new point is taken as measured
+    assert t(3) == 4.0
+    t.observe(1, 2.0)  # a known point moves towards the observation
+    assert 1.0 < t(1) < 2.0
+    assert CostCurve({4: 2.0})(8) == pytest.approx(4.0)  # one point: proportional
+    with pytest.raises(ValueError):
+        CostCurve({})
+
+
+def test_break_even_acceptance():
+    # Linear costs with no per-call overhead: even perfect drafts cannot pay.
+    linear = {1: 1.0, 8: 8.0}
+    assert break_even_acceptance(linear, 3, draft_cost=0.1) == math.inf
+    # A flat curve: any acceptance pays for free drafts.
+    assert break_even_acceptance({1: 1.0, 16: 1.0}, 4) < 1e-6
+    # t(k+1) = 2 t(1): the round must emit 2 tokens on average -> 1 + a + a^2 = 2 for k = 2.
+    a = break_even_acceptance({1: 1.0, 3: 2.0}, 2)
+    assert expected_tokens(a, 2) == pytest.approx(2.0, rel=1e-6)
+
+
+def test_acceptance_estimate_is_the_geometric_mle_with_a_prior():
+    est = AcceptanceEstimate(prior=0.5, prior_weight=0.0)
+    est.update(3, True)  # 3 accepted then a rejection
+    assert est.alpha == pytest.approx(0.75)
+    est = AcceptanceEstimate(prior=0.6)
+    assert est.alpha == pytest.approx(0.6)
+    for _ in range(200):
+        est.update(9, True)
+    assert est.alpha == pytest.approx(0.9, abs=0.01)  # the prior is forgotten
+
+
+def test_cpu_costs_choose_plain_decoding_unless_lookup_is_nearly_certain():
+    policy = Policy(CostCurve(dict(CPU)), CostEstimate(0.035))
+    choice = policy.choose(32, lookup_len=10, lookup_ngram=2)
+    assert (choice.source, choice.k) == ("none", 0)
+    assert not policy.model_can_pay(32)  # 35 ms per draft token cannot beat 51 ms per step
+    for _ in range(100):  # lookup that is always right
+        policy.lookup_estimate(4).update(10, False)
+    choice = policy.choose(32, lookup_len=10, lookup_ngram=4)
+    assert choice.source == "lookup" and choice.rate > choice.baseline
+
+
+def test_gpu_costs_draft_long_and_prefer_the_better_source():
+    policy = Policy(CostCurve(dict(GPU)), CostEstimate(0.002))
+    choice = policy.choose(16)
+    assert choice.source == "model" and choice.k >= 2  # prior acceptance 0.6: short drafts
+    assert choice.rate > choice.baseline
+    for _ in range(50):
+        policy.model.update(1, True)  # the model is mostly wrong on this text
+        policy.lookup_estimate(4).update(12, True)  # lookup copies long runs
+    choice = policy.choose(16, lookup_len=12, lookup_ngram=4)
+    assert choice.source == "lookup" and choice.k >= 8
+    # Never more than the match offers, nor than the cap.
+    assert policy.choose(5, lookup_len=12, lookup_ngram=4).k <= 5
+    short = policy.choose(16, lookup_len=3, lookup_ngram=4)
+    assert short.source != "lookup" or short.k <= 3
+
+
+def test_a_cap_of_zero_is_a_plain_step():
+    policy = Policy(CostCurve(dict(GPU)), CostEstimate(0.001))
+    assert policy.choose(0, lookup_len=5, lookup_ngram=4).k == 0
+
+
+def test_measure_target_curve_on_a_fake_leaves_a_usable_cache():
+    lm = FakeLM(Table(50, seed=1), n_ctx=64)
+    curve = measure_target_curve(lm, (1, 16, 4), budget_s=10.0)
+    assert set(curve) == {1, 16, 4} and all(v > 0 for v in curve.values())
+    assert len(lm.tokens) <= lm.n_ctx
+    lm.sync([])
+    assert lm.tokens == []
