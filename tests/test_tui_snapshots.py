@@ -20,7 +20,8 @@ PROMPT = "What does the drafter do?"
 
 def make_app(engine=None, max_tokens: int = 48) -> ChatApp:
     engine = engine or fake_engine()
-    return ChatApp(lambda: engine, ChatSettings(max_tokens=max_tokens),
+    # hybrid, k=4: auto's choices follow the wall clock, snapshots must not
+    return ChatApp(lambda: engine, ChatSettings(max_tokens=max_tokens, drafter="hybrid", draft_length=4),
                    model_label="fake target + fake draft")
 
 

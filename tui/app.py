@@ -39,10 +39,10 @@ from .screens import HelpScreen
 from .speed import DEFAULT_CALIBRATION_TOKENS, Baseline, RollingRate, baseline_from_turn, calibrate
 from .widgets import AssistantMessage, NoteMessage, StatsPanel, UserMessage
 from .widgets.prompt import ChatInput
-from .widgets.stats_panel import TurnView
+from .widgets.stats_panel import TurnView, fmt_k
 
 #: Order in which ctrl+d cycles the drafter.
-DRAFTER_CYCLE = ("hybrid", "model", "lookup", "none")
+DRAFTER_CYCLE = ("auto", "hybrid", "model", "lookup", "none")
 #: Values ctrl+t cycles the temperature through (/temp X sets any other).
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 
@@ -54,8 +54,9 @@ WELCOME = (
 )
 
 COMMANDS = [
-    ("/drafter NAME", "drafter for the next turns: hybrid, model, lookup or none"),
-    ("/k N", f"draft length (tokens drafted per round, 0-{config.MAX_DRAFT_LENGTH})"),
+    ("/drafter NAME", "drafter for the next turns: auto, hybrid, model, lookup or none"),
+    ("/k N|auto", f"draft length (tokens drafted per round, 0-{config.MAX_DRAFT_LENGTH}; "
+                  "auto: chosen each round)"),
     ("/temp X", "temperature (0 = greedy)"),
     ("/max N", "longest answer, in tokens"),
     ("/save [PATH]", "save the chat: Markdown, or JSON for a .json path"),
@@ -77,7 +78,7 @@ class ChatSettings:
     """Start-up settings (the CLI fills them from the same options as ``complete``)."""
 
     drafter: str = config.DEFAULT_DRAFTER
-    draft_length: int = config.DEFAULT_DRAFT_LENGTH
+    draft_length: int | None = None  #: None: auto chooses, fixed drafters use the default
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = config.DEFAULT_MAX_TOKENS
     system: str | None = None
@@ -116,7 +117,7 @@ class Turn:
     user_text: str
     prompt: list[dict[str, str]]
     drafter: str
-    draft_length: int
+    draft_length: int | None
     sampling: SamplingParams
     max_tokens: int
     user_widget: UserMessage
@@ -171,7 +172,7 @@ class ChatApp(App[None]):
         ("ctrl+q", "quit (stops the answer first)"),
         ("f1", "this help"),
         ("escape", "stop the answer; the partial answer stays in the conversation"),
-        ("ctrl+d", "cycle the drafter: hybrid → model → lookup → none (plain decoding)"),
+        ("ctrl+d", "cycle the drafter: auto → hybrid → model → lookup → none (plain decoding)"),
         ("ctrl+k / ctrl+j", "draft length up / down (tokens drafted per round)"),
         ("ctrl+t", "cycle the temperature: " + ", ".join(f"{t:g}" for t in TEMPERATURES)),
         ("ctrl+o", "colour tokens by provenance on / off (off: answers rendered as Markdown)"),
@@ -361,7 +362,7 @@ class ChatApp(App[None]):
             return
         self.prompt_input.value = ""
         self.turn_count += 1
-        label = f"edgespec · {self.drafter} k={self.draft_length}"
+        label = f"edgespec · {self.drafter} k={fmt_k(self.draft_length)}"
         user_widget = UserMessage(text, classes="user")
         widget = AssistantMessage(coloured=self.coloured, label=label, classes="assistant")
         view = TurnView(self.turn_count, self.drafter, self.draft_length)
@@ -504,17 +505,18 @@ class ChatApp(App[None]):
         self._settings_changed(f"drafter {name}")
 
     def action_draft_length(self, delta: int) -> None:
-        k = min(max(self.draft_length + delta, 1), config.MAX_DRAFT_LENGTH)
+        current = self.draft_length if self.draft_length is not None else config.DEFAULT_DRAFT_LENGTH
+        k = min(max(current + delta, 1), config.MAX_DRAFT_LENGTH)
         if k == self.draft_length:
             self.notify(f"draft length stays {k} (1-{config.MAX_DRAFT_LENGTH}; /k 0 turns drafting off)")
             return
         self.set_draft_length(k)
 
-    def set_draft_length(self, k: int) -> None:
-        if not 0 <= k <= config.MAX_DRAFT_LENGTH:
+    def set_draft_length(self, k: int | None) -> None:
+        if k is not None and not 0 <= k <= config.MAX_DRAFT_LENGTH:
             raise ConfigError(f"draft length must be in [0, {config.MAX_DRAFT_LENGTH}], got {k}")
         self.draft_length = k
-        self._settings_changed(f"draft length {k}")
+        self._settings_changed(f"draft length {fmt_k(k)}")
 
     def action_cycle_temperature(self) -> None:
         t = self.sampling.temperature
@@ -583,7 +585,7 @@ class ChatApp(App[None]):
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Stop the answer", "Stop generating (escape)", self.action_stop)
-        yield SystemCommand("Cycle drafter", "hybrid → model → lookup → none (ctrl+d)",
+        yield SystemCommand("Cycle drafter", "auto → hybrid → model → lookup → none (ctrl+d)",
                             self.action_cycle_drafter)
         yield SystemCommand("Draft length +1", "ctrl+k", lambda: self.action_draft_length(1))
         yield SystemCommand("Draft length -1", "ctrl+j", lambda: self.action_draft_length(-1))
@@ -605,7 +607,7 @@ class ChatApp(App[None]):
             if name == "drafter":
                 self.set_drafter(arg)
             elif name == "k":
-                self.set_draft_length(_parse(int, arg, "draft length"))
+                self.set_draft_length(None if arg.strip() == "auto" else _parse(int, arg, "draft length"))
             elif name in ("temp", "temperature"):
                 self.set_temperature(_parse(float, arg, "temperature"))
             elif name == "max":

@@ -48,7 +48,7 @@ def make_chat_command() -> click.Command:
         # Load the draft model whenever there is one, so the drafter can be switched in the
         # app; with a target and no draft, only lookup and none can run (the app says so).
         has_draft = opts["target"] is None or opts["draft"] is not None
-        load_opts = dict(opts, drafter="hybrid" if has_draft else "lookup")
+        load_opts = dict(opts, drafter="auto")  # loads the draft if there is one, measures costs
 
         def factory(report):
             missing = models_to_fetch(load_opts)

@@ -31,7 +31,7 @@ class TurnView:
 
     number: int
     drafter: str
-    draft_length: int
+    draft_length: int | None  #: None: chosen per round by ``auto``
     stats: Stats = field(default_factory=Stats)
     now: float | None = None
     recent: list[int] = field(default_factory=list)
@@ -40,6 +40,10 @@ class TurnView:
     @property
     def streaming(self) -> bool:
         return self.finish is None
+
+
+def fmt_k(k: int | None) -> str:
+    return "auto" if k is None else str(k)
 
 
 def fmt_rate(rate: float | None) -> str:
@@ -86,8 +90,8 @@ class StatsPanel(Static):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = "speculation"
-        self.drafter = "hybrid"
-        self.draft_length = 4
+        self.drafter = "auto"
+        self.draft_length: int | None = None
         self.temperature = 0.0
         self.coloured = True
         self.baseline: Baseline | None = None
@@ -109,7 +113,7 @@ class StatsPanel(Static):
 
     def build(self) -> Group:
         lines: list[Text] = [
-            Text.assemble(("next  ", "dim"), f"{self.drafter} · k={self.draft_length} · "
+            Text.assemble(("next  ", "dim"), f"{self.drafter} · k={fmt_k(self.draft_length)} · "
                           f"temp {self.temperature:g}"),
         ]
         turn = self.turn
@@ -117,7 +121,7 @@ class StatsPanel(Static):
             lines.append(Text("no turn yet", style="dim italic"))
         else:
             state = "streaming" if turn.streaming else turn.finish
-            lines.append(Text(f"turn {turn.number} · {turn.drafter} k={turn.draft_length} · {state}",
+            lines.append(Text(f"turn {turn.number} · {turn.drafter} k={fmt_k(turn.draft_length)} · {state}",
                               style="bold"))
         s = turn.stats if turn else Stats()
         lines.append(row("speed now", fmt_rate(turn.now if turn and turn.streaming else None)))
@@ -134,13 +138,13 @@ class StatsPanel(Static):
         else:
             style = "bold green" if speedup >= 1.05 else "bold red" if speedup < 0.95 else "bold"
             lines.append(row("speedup", f"{speedup:.2f}×", style))
-        drafting = turn is not None and turn.drafter != "none" and turn.draft_length > 0
+        drafting = turn is not None and turn.drafter != "none" and turn.draft_length != 0
         lines.append(row("acceptance", f"{100 * s.acceptance_rate:.0f}%" if drafting and s.drafted else "–"))
         lines.append(row("accepted/round", f"{s.mean_accepted:.2f}" if drafting and s.rounds else "–"))
         lines.append(row("drafted", str(s.drafted)))
         lines.append(row("accepted", str(s.accepted)))
         used_drafters = {name: v for name, v in s.by_drafter.items() if v.drafted}
-        if len(used_drafters) > 1:  # hybrid: what lookup and the model each contributed
+        if len(used_drafters) > 1:  # hybrid, auto: what lookup and the model each contributed
             parts = [f"{name} {v.accepted}/{v.drafted}" for name, v in sorted(used_drafters.items())]
             lines.append(Text(" " + " · ".join(parts), style="dim"))
         used = s.prompt_tokens + s.generated if turn else 0
@@ -153,10 +157,10 @@ class StatsPanel(Static):
             lines.append(Text("time  –", style="dim"))
         lines.append(Text("accepted drafts per round", style="dim"))
         if drafting:
-            labels, bars = histogram(s.accepted_hist, turn.draft_length)
+            k = turn.draft_length or max(len(s.drafted_hist) - 1, 1)  # auto: the longest chosen
+            labels, bars = histogram(s.accepted_hist, k)
             lines += [labels, bars]
-            lines.append(Text.assemble(("recent ", "dim"),
-                                       sparkline(turn.recent, turn.draft_length, WIDTH - 7)))
+            lines.append(Text.assemble(("recent ", "dim"), sparkline(turn.recent, k, WIDTH - 7)))
         else:
             lines += [Text(" (no drafting)", style="dim"), Text(""), Text("")]
         if self.coloured:
