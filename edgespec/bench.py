@@ -188,6 +188,20 @@ class EdgespecRunner:
     def __init__(self, engine) -> None:
         self.engine = engine
 
+    def prepare(self, prompt: BenchPrompt) -> None:
+        """Prefill the draft model's cache with the prompt. The target's prefill is excluded from
+        every run's decoding time, but the draft's happens inside the first round that uses it:
+        without this, whichever configuration first drafts with the model on a prompt (it
+        changes as the order rotates) would pay the draft's prompt prefill as drafting time."""
+        from .loop import prefill
+
+        draft = self.engine.draft
+        if draft is None:
+            return
+        tokens = self.engine.prompt_tokens(prompt.payload, chat=not prompt.raw)
+        if len(tokens) < draft.n_ctx:
+            prefill(draft, tokens)
+
     def run(self, config, prompt, max_tokens, sampling) -> Measurement:
         out = self.engine.complete(prompt.payload, max_tokens=max_tokens, sampling=sampling,
                                    drafter=config.drafter, draft_length=config.draft_length,
@@ -211,6 +225,12 @@ class Runners:
     def __init__(self, edgespec: Runner, reference: Runner | None = None) -> None:
         self.edgespec = edgespec
         self.reference = reference
+
+    def prepare(self, prompt: BenchPrompt) -> None:
+        """Before a prompt's group of runs (see :meth:`EdgespecRunner.prepare`)."""
+        prepare = getattr(self.edgespec, "prepare", None)
+        if prepare is not None:
+            prepare(prompt)
 
     def run(self, config, prompt, max_tokens, sampling) -> Measurement:
         if config.is_reference:
@@ -283,8 +303,14 @@ def execute(plan: Iterable[PlannedRun], runners: Runner, base: SamplingParams,
             on_start: Callable[[PlannedRun], None] | None = None,
             on_done: Callable[[PlannedRun, dict], None] | None = None) -> list[dict]:
     """Run the plan, appending one JSON-ready dict per run to ``records`` as each finishes
-    (so an interruption keeps everything measured so far)."""
+    (so an interruption keeps everything measured so far). Before each prompt's group of runs,
+    ``runners.prepare(prompt)`` (when it has one) primes caches that no run should pay for."""
+    group = None
     for item in plan:
+        if (item.temperature, item.repeat, item.prompt.id) != group:
+            group = (item.temperature, item.repeat, item.prompt.id)
+            if hasattr(runners, "prepare"):
+                runners.prepare(item.prompt)
         if on_start:
             on_start(item)
         sampling = sampling_for(base, item.temperature, item.repeat)

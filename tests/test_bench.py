@@ -149,6 +149,21 @@ def test_plan_interleaves_configurations_and_rotates_their_order_each_repeat():
     assert not any(p.config == k2 and p.prompt.kind != "edit" for p in plan)
 
 
+def test_the_draft_cache_is_primed_before_each_prompt_so_no_run_pays_its_prefill():
+    from edgespec.bench import Runners, execute
+    from edgespec.sampling import SamplingParams
+
+    target, draft = pair(16, n_ctx=512)
+    engine = Engine(target, draft, drafter="hybrid")
+    prompt = BenchPrompt("e", "edit", "some prompt text to copy from")
+    tokens = engine.prompt_tokens(prompt.payload)
+    plan = plan_runs([prompt], [Config("none"), Config("model")], repeats=1)
+    execute(plan, Runners(EdgespecRunner(engine)), SamplingParams(), 6, [])
+    first, second = draft.calls[:2]
+    assert first.n_logits == 0 and list(first.tokens) == tokens[:-1]  # primed, before any run
+    assert len(second.tokens) == 1  # the model run only feeds the prompt's last token
+
+
 def test_option_parsing():
     known = ("none", "lookup", "model", "hybrid", "auto")
     assert parse_drafters("lookup, llama-cpp-python", known) == ["none", "lookup", "llama-cpp-python"]
