@@ -144,6 +144,10 @@ class ModelDrafter:
                 logits = self.model.decode([x], 1)[0]
         return draft
 
+    def wants_prompt_cached(self, k: int) -> bool:
+        """Whether the draft model's cache should hold the prompt before the first round."""
+        return True
+
     def _to_target_vocab(self, logits: np.ndarray) -> np.ndarray:
         if logits.size == self.n_vocab:
             return logits
@@ -166,6 +170,9 @@ class HybridDrafter:
         if draft.tokens:
             return draft
         return self.model.propose(context, k, params, rng)
+
+    def wants_prompt_cached(self, k: int) -> bool:
+        return True
 
 
 class AutoDrafter:
@@ -209,6 +216,10 @@ class AutoDrafter:
             return self.model.propose(context, choice.k, params, rng)
         self._since_model += 1
         return Draft(source="none")
+
+    def wants_prompt_cached(self, k: int) -> bool:
+        """Only if the draft model could pay at all: otherwise its prefill is wasted time."""
+        return self.model is not None and self.policy.model_can_pay(k)
 
     def observe(self, outcome: Outcome) -> None:
         """Learn from a round: acceptance of each source, and what the calls cost."""

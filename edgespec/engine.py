@@ -322,6 +322,9 @@ class Engine:
         stats = Stats(prompt_tokens=len(prompt))
         start = time.perf_counter()
         stats.cached_prompt_tokens = prefill(target, prompt)
+        wants = getattr(drafter, "wants_prompt_cached", None)
+        if self.draft is not None and wants is not None and wants(k):
+            prefill(self.draft, prompt)  # the draft's prefill is prefill too, not drafting time
         stats.time_prefill = time.perf_counter() - start
         llama_start = self._llama_seconds()
         text = TextStream(stop)

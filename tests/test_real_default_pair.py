@@ -68,7 +68,7 @@ PROMPTS = {
     "prose": "Explain in detail how a hash map works, with an example.",
 }
 N_TOKENS = 256
-SPEC_DRAFTERS = ("model", "lookup", "hybrid")
+SPEC_DRAFTERS = ("model", "lookup", "hybrid", "auto")
 
 _runs: dict[tuple[str, str], object] = {}
 
@@ -96,7 +96,8 @@ def test_greedy_speculative_equals_target_only(default_engine, prompt, drafter):
     plain = run(default_engine, prompt, "none")
     spec = run(default_engine, prompt, drafter)
     assert plain.stats.generated == N_TOKENS, "prompt must yield at least 256 tokens"
-    assert spec.stats.drafted > 0
+    if drafter != "auto" or prompt == "edit":  # auto may rightly decline to draft free text
+        assert spec.stats.drafted > 0
     assert ids(spec) == ids(plain), f"diverged at token {first_divergence(ids(spec), ids(plain))}"
     assert spec.text == plain.text
 
