@@ -172,6 +172,10 @@ class LlamaBackend:
                                  llama_cpp.llama_n_ubatch(self._ctx.ctx))
         #: token ids held by the KV cache, position i holds tokens[i]
         self.tokens: list[int] = []
+        # The pieces-of-3 rule is about ggml-cpu's kernels. With layers on a GPU, batch scoring
+        # is what makes speculation pay, and CUDA picks its kernels by batch size anyway.
+        on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported()
+        self._pieces = options.batch_consistent and not on_gpu
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
         self.path = path
@@ -259,7 +263,7 @@ class LlamaBackend:
         that every one of them goes through the same matmul kernels as a single token."""
         step = self._n_batch
         spans = [(c, min(c + step, first_logit)) for c in range(0, first_logit, step)]
-        if self.options.batch_consistent:
+        if self._pieces:
             step = min(CONSISTENT_BATCH[self.options.repack], step)
         spans += [(c, min(c + step, n)) for c in range(first_logit, n, step)]
         return spans
