@@ -215,6 +215,26 @@ def test_draft_length_zero_is_plain_decoding():
     assert {t.source for t in out.tokens} == {Source.TARGET}
 
 
+@pytest.mark.parametrize("setup", ["model-perturbed", "hybrid"])
+def test_the_draft_models_prompt_prefill_is_prefill_not_drafting(setup):
+    engine = build(HELLO, **DRAFTERS[setup])
+    gen = stream(engine, max_tokens=11)
+    next(gen)
+    first = engine.draft.calls[0]
+    # The prompt (but its last token) went into the draft's cache before the first round, in
+    # one call with no logits, like the target's own prefill.
+    assert first.pos == 0 and first.n_logits == 0 and len(first.tokens) == prompt_len() - 1
+    gen.close()
+
+
+def test_auto_without_a_draft_model_runs_on_lookup_and_plain_steps():
+    engine = build(HELLO * 3, draft=None, drafter="auto")
+    out = complete(engine, max_tokens=30)
+    assert out.text == complete(build(HELLO * 3, draft=None, drafter="none"), max_tokens=30).text
+    assert set(out.stats.by_drafter) <= {"lookup", "none"}
+    assert engine.costs is not None and engine.costs.draft_per_token is None
+
+
 # ---- reentrancy ----------------------------------------------------------------------------------
 
 
