@@ -11,7 +11,7 @@ DEFAULT_DRAFT_LENGTH = 4  #: for fixed drafters; ``auto`` chooses k per round
 AUTO_MAX_DRAFT_LENGTH = 32  #: the longest draft ``auto`` considers
 #: t(n) points measured at start-up, most useful first, within the time budget
 CALIBRATION_POINTS = (1, 4, 16, 32, 8)
-CALIBRATION_BUDGET_S = 0.6
+CALIBRATION_BUDGET_S = 0.4
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_TOKENS = 512

@@ -216,7 +216,7 @@ class Engine:
             start = time.perf_counter()
             curve = measure_target_curve(self.target, config.CALIBRATION_POINTS,
                                          budget_s=config.CALIBRATION_BUDGET_S)
-            draft_cost = measure_draft_cost(self.draft, n=4) if self.draft is not None else None
+            draft_cost = measure_draft_cost(self.draft, n=3) if self.draft is not None else None
             self.costs = Costs(CostCurve(curve), draft_cost, time.perf_counter() - start)
         return self.costs
 
