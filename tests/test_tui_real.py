@@ -120,7 +120,7 @@ def edgespec_command() -> str:
 def test_edgespec_chat_in_a_real_terminal(tmp_path):
     tmux = Tmux("chat")
     # (Textual draws on stderr: no redirection.) "sleep" keeps the pane to read the exit status.
-    command = (f"cd {tmp_path} && {edgespec_command()} chat --pair tiny --threads 1 --max-tokens 32 "
+    command = (f"cd {tmp_path} && {edgespec_command()} chat --pair tiny --drafter hybrid --threads 1 --max-tokens 32 "
                f"--calibration-tokens 8; echo EXIT=$?; sleep 5")
     try:
         tmux.start(command, 100, 30)

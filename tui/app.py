@@ -362,7 +362,7 @@ class ChatApp(App[None]):
             return
         self.prompt_input.value = ""
         self.turn_count += 1
-        label = f"edgespec · {self.drafter} k={fmt_k(self.draft_length)}"
+        label = f"edgespec · {self.drafter} k={fmt_k(self.draft_length, self.drafter)}"
         user_widget = UserMessage(text, classes="user")
         widget = AssistantMessage(coloured=self.coloured, label=label, classes="assistant")
         view = TurnView(self.turn_count, self.drafter, self.draft_length)
@@ -516,7 +516,7 @@ class ChatApp(App[None]):
         if k is not None and not 0 <= k <= config.MAX_DRAFT_LENGTH:
             raise ConfigError(f"draft length must be in [0, {config.MAX_DRAFT_LENGTH}], got {k}")
         self.draft_length = k
-        self._settings_changed(f"draft length {fmt_k(k)}")
+        self._settings_changed(f"draft length {fmt_k(k, self.drafter)}")
 
     def action_cycle_temperature(self) -> None:
         t = self.sampling.temperature

@@ -82,8 +82,10 @@ class Conversation:
 
 def describe(meta: dict[str, Any]) -> str:
     """``hybrid, k=4, temp 0 · 52 tok, 31.0 tok/s, 2.10x vs target-only · stopped``."""
-    k = meta.get("draft_length")
-    parts = [f"{meta.get('drafter')}, k={'auto' if k is None else k}, temp {meta.get('temperature'):g}"]
+    from .widgets.stats_panel import fmt_k
+
+    drafter = meta.get("drafter") or "auto"
+    parts = [f"{drafter}, k={fmt_k(meta.get('draft_length'), drafter)}, temp {meta.get('temperature'):g}"]
     stats = meta.get("stats") or {}
     speed = f"{stats.get('generated', 0)} tok, {stats.get('tokens_per_second', 0):.1f} tok/s"
     if meta.get("speedup"):

@@ -14,6 +14,7 @@ from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
+from edgespec import config
 from edgespec.stats import Stats
 
 from ..speed import Baseline
@@ -42,8 +43,11 @@ class TurnView:
         return self.finish is None
 
 
-def fmt_k(k: int | None) -> str:
-    return "auto" if k is None else str(k)
+def fmt_k(k: int | None, drafter: str = "auto") -> str:
+    """The draft length as the engine will use it: None is auto's choice, or the default k."""
+    if k is not None:
+        return str(k)
+    return "auto" if drafter == "auto" else str(config.DEFAULT_DRAFT_LENGTH)
 
 
 def fmt_rate(rate: float | None) -> str:
@@ -113,7 +117,7 @@ class StatsPanel(Static):
 
     def build(self) -> Group:
         lines: list[Text] = [
-            Text.assemble(("next  ", "dim"), f"{self.drafter} · k={fmt_k(self.draft_length)} · "
+            Text.assemble(("next  ", "dim"), f"{self.drafter} · k={fmt_k(self.draft_length, self.drafter)} · "
                           f"temp {self.temperature:g}"),
         ]
         turn = self.turn
@@ -121,7 +125,7 @@ class StatsPanel(Static):
             lines.append(Text("no turn yet", style="dim italic"))
         else:
             state = "streaming" if turn.streaming else turn.finish
-            lines.append(Text(f"turn {turn.number} · {turn.drafter} k={fmt_k(turn.draft_length)} · {state}",
+            lines.append(Text(f"turn {turn.number} · {turn.drafter} k={fmt_k(turn.draft_length, turn.drafter)} · {state}",
                               style="bold"))
         s = turn.stats if turn else Stats()
         lines.append(row("speed now", fmt_rate(turn.now if turn and turn.streaming else None)))
@@ -157,7 +161,7 @@ class StatsPanel(Static):
             lines.append(Text("time  –", style="dim"))
         lines.append(Text("accepted drafts per round", style="dim"))
         if drafting:
-            k = turn.draft_length or max(len(s.drafted_hist) - 1, 1)  # auto: the longest chosen
+            k = turn.draft_length or max(len(s.drafted_hist) - 1, 1)  # None: the longest drafted
             labels, bars = histogram(s.accepted_hist, k)
             lines += [labels, bars]
             lines.append(Text.assemble(("recent ", "dim"), sparkline(turn.recent, k, WIDTH - 7)))
