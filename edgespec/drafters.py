@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
 from .errors import ConfigError
-from .lookup import find_continuation
+from .lookup import find_continuation, matched_prefix
 from .sampling import SamplingParams, process, sample
 
 DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
@@ -228,11 +228,7 @@ class AutoDrafter:
         policy.curve.observe(n, outcome.t_target)
         shadow = self._shadow
         if shadow is not None and shadow.tokens:
-            matched = 0
-            for proposed, committed in zip(shadow.tokens, outcome.new_tokens):
-                if proposed != committed:
-                    break
-                matched += 1
+            matched = matched_prefix(shadow.tokens, outcome.new_tokens)
             # A mismatch is only seen if the round committed a token at that position.
             seen_mismatch = matched < min(len(shadow.tokens), len(outcome.new_tokens))
             policy.lookup_estimate(shadow.ngram).update(matched, seen_mismatch)

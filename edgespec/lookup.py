@@ -46,3 +46,14 @@ def find_continuation(
             start = int(hits[-1]) + n
             return LookupMatch(arr[start : start + max_tokens].tolist(), n)
     return None
+
+
+def matched_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
+    """How many leading tokens of ``proposal`` equal ``actual`` (the accepted run of a one-hot
+    draft under greedy decoding, or its shadow comparison)."""
+    n = 0
+    for a, b in zip(proposal, actual):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -20,19 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec import Engine, SamplingParams, config  # noqa: E402
 from edgespec.bench_prompts import load_prompts  # noqa: E402
 from edgespec.costs import CostCurve, measure_target_curve  # noqa: E402
-from edgespec.lookup import find_continuation  # noqa: E402
+from edgespec.lookup import find_continuation, matched_prefix as matched  # noqa: E402
 from edgespec.policy import Policy  # noqa: E402
 
 NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
-
-
-def matched(proposal, actual) -> int:
-    n = 0
-    for a, b in zip(proposal, actual):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def replay(prompt, gen, t: CostCurve, mode: str, cap: int = config.AUTO_MAX_DRAFT_LENGTH) -> float:
