@@ -103,11 +103,14 @@ class CostCurve:
     """
 
     points: dict[int, float] = field(default_factory=dict)
+    #: observations behind each point (a calibration measurement counts as one)
+    counts: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.points:
             raise ValueError("a cost curve needs at least one measured point")
         self.points = {int(n): float(t) for n, t in self.points.items()}
+        self.counts = {n: int(self.counts.get(n, 1)) for n in self.points}
 
     def __call__(self, n: int) -> float:
         ns = sorted(self.points)
@@ -126,11 +129,15 @@ class CostCurve:
         return max(self.points[lo] + slope * (n - lo), 1e-6)
 
     def observe(self, n: int, seconds: float) -> None:
-        """Blend in the time a real call of n tokens took."""
+        """Blend in the time a real call of n tokens took: a plain mean over the first few
+        observations (one noisy calibration sample must not outweigh real rounds), then a
+        running average that follows the machine's load."""
         if n in self.points:
-            self.points[n] += _EMA * (seconds - self.points[n])
+            count = self.counts[n] = self.counts.get(n, 1) + 1
+            self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
         else:
             self.points[n] = seconds
+            self.counts[n] = 1
 
 
 def expected_tokens(alpha: float, k: int) -> float:

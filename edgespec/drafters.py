@@ -182,12 +182,15 @@ class AutoDrafter:
     round committed: for a one-hot draft x, P(accept) = p(x) = P(committed token == x), so this
     shadow comparison estimates lookup's acceptance even in rounds that did not use it. The
     draft model's acceptance is only learned when it drafts; it is tried again now and then if
-    it could pay at all under the cost curve.
+    it could pay at all under the cost curve. Likewise, every REPROBE_ROUNDS rounds a lookup draft
+    longer than the best (if it is predicted to lose at most PROBE_SLACK) is played, so that the
+    curve's t(k + 1) are measured, not assumed from one calibration sample.
     """
 
     name = "auto"
 
-    #: Rounds without the draft model after which it gets one more trial (if it could pay).
+    #: Rounds without the draft model after which it gets one more trial (if it could pay), and
+    #: rounds between cost probes.
     REPROBE_ROUNDS = 64
 
     def __init__(self, policy, lookup: LookupDrafter, model: ModelDrafter | None = None) -> None:
@@ -197,6 +200,7 @@ class AutoDrafter:
         self.choices: dict[int, int] = {}  #: k -> rounds (k = 0: plain decoding step)
         self._shadow: Draft | None = None
         self._since_model = 0
+        self._since_probe = 0
 
     def propose(self, context, k, params, rng) -> Draft:
         t0 = time.perf_counter()
@@ -208,6 +212,13 @@ class AutoDrafter:
                 and self._since_model >= self.REPROBE_ROUNDS and self.policy.model_can_pay(k)):
             self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
             choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
+        self._since_probe += 1
+        if (choice.source != "model" and shadow.tokens
+                and self._since_probe >= self.REPROBE_ROUNDS):
+            probe = self.policy.choose(k, len(shadow.tokens), shadow.ngram, probe=True,
+                                       longer_than=choice.k)
+            if probe.k:
+                choice, self._since_probe = probe, 0
         self.choices[choice.k] = self.choices.get(choice.k, 0) + 1
         if choice.source == "lookup":
             return Draft(shadow.tokens[: choice.k], shadow.q[: choice.k], "lookup", shadow.ngram)

@@ -22,6 +22,10 @@ from .costs import CostCurve, expected_tokens
 #: Drafting must promise this much more than plain decoding before it is chosen.
 MARGIN = 0.03
 
+#: A cost probe plays lookup even when it is predicted to lose by up to this fraction of plain
+#: decoding's rate, to re-measure t(k + 1) (see :meth:`Policy.choose`).
+PROBE_SLACK = 0.25
+
 #: Old evidence fades by this factor per observation, so estimates follow the text's mood
 #: (a code block that is being copied, then free prose) within a few dozen rounds.
 DECAY = 0.95
@@ -98,27 +102,36 @@ class Policy:
             est = self.lookup[ngram] = AcceptanceEstimate(prior)
         return est
 
-    def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0) -> Choice:
-        """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers."""
+    def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0, *,
+               probe: bool = False, longer_than: int = 0) -> Choice:
+        """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers.
+
+        ``probe``: the best lookup option longer than ``longer_than`` tokens, even if it is
+        predicted to be up to PROBE_SLACK slower than plain decoding. The curve only learns the
+        t(n) that are played: a too optimistic t(n) is corrected by playing it, a pessimistic
+        one would never be, and it is longer drafts that a pessimistic curve forbids. A probe
+        now and then costs a fraction of one round. The draft model is never probed this way
+        (its prefill is dear; it has its own re-trial).
+        """
         t = self.curve
         baseline = 1.0 / t(1)
         best = Choice("none", 0, baseline, baseline)
         if k_max <= 0:
             return best
-        threshold = baseline * (1.0 + MARGIN)
+        floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
         if lookup_len > 0:
             a = self.lookup_estimate(lookup_ngram).alpha
             c = self.lookup_cost.seconds
             for k in range(1, min(k_max, lookup_len) + 1):
                 rate = expected_tokens(a, k) / (t(k + 1) + c)
-                if rate > max(best.rate, threshold):
+                if k > longer_than and rate > max(best.rate if best.k else 0.0, floor):
                     best = Choice("lookup", k, rate, baseline)
-        if self.draft_cost is not None:
+        if self.draft_cost is not None and not probe:
             a = self.model.alpha
             c = self.draft_cost.seconds
             for k in range(1, k_max + 1):
                 rate = expected_tokens(a, k) / (t(k + 1) + k * c)
-                if rate > max(best.rate, threshold):
+                if rate > max(best.rate if best.k else 0.0, floor):
                     best = Choice("model", k, rate, baseline)
         return best
 

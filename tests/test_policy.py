@@ -5,7 +5,9 @@ import math
 import pytest
 
 from edgespec.costs import CostCurve, break_even_acceptance, expected_tokens, measure_target_curve
-from edgespec.policy import AcceptanceEstimate, CostEstimate, Policy
+from edgespec.drafters import AutoDrafter, LookupDrafter, Outcome
+from edgespec.policy import PROBE_SLACK, AcceptanceEstimate, CostEstimate, Policy
+from edgespec.sampling import SamplingParams, make_rng
 
 from .fakes import FakeLM, Table
 
@@ -34,6 +36,12 @@ def test_cost_curve_interpolates_extrapolates_and_learns():
     t.observe(1, 2.0)  # a known point moves towards the observation
     assert 1.0 < t(1) < 2.0
     assert CostCurve({4: 2.0})(8) == pytest.approx(4.0)  # one point: proportional
+    # A calibration point is one sample: the first real observation weighs as much as it.
+    t = CostCurve({1: 1.0})
+    t.observe(1, 3.0)
+    assert t(1) == pytest.approx(2.0)
+    t.observe(1, 3.0)
+    assert t(1) == pytest.approx(2.0 + 1 / 3)
     with pytest.raises(ValueError):
         CostCurve({})
 
@@ -99,3 +107,43 @@ def test_measure_target_curve_on_a_fake_leaves_a_usable_cache():
     assert len(lm.tokens) <= lm.n_ctx
     lm.sync([])
     assert lm.tokens == []
+
+
+def test_a_probe_plays_the_best_other_lookup_length_that_loses_little():
+    policy = Policy(CostCurve(dict(CPU)), CostEstimate(0.035))
+    for _ in range(100):
+        policy.lookup_estimate(2).update(4, True)  # alpha = 0.8: loses narrowly on this CPU
+    assert policy.choose(32, lookup_len=10, lookup_ngram=2).k == 0
+    probe = policy.choose(32, lookup_len=10, lookup_ngram=2, probe=True)
+    assert probe.source == "lookup"
+    assert (1 - PROBE_SLACK) * probe.baseline < probe.rate < probe.baseline
+    longer = policy.choose(32, lookup_len=10, lookup_ngram=2, probe=True, longer_than=probe.k)
+    assert longer.k == 0 or longer.k > probe.k
+    # Never the draft model, and nothing that loses more than the slack.
+    assert policy.choose(32, probe=True).k == 0
+    assert policy.choose(32, lookup_len=10, lookup_ngram=9, probe=True).rate >= (
+        (1 - PROBE_SLACK) * probe.baseline)
+
+
+def test_auto_corrects_a_pessimistic_calibration_by_probing():
+    # Calibration said scoring n tokens costs n times one (a CPU under load at that moment);
+    # in truth every call costs the same (say a GPU that was still warming up).
+    true_cost = 0.010
+    policy = Policy(CostCurve({1: true_cost, 4: 4 * true_cost, 16: 16 * true_cost}))
+    auto = AutoDrafter(policy, LookupDrafter())
+    context = list(range(40)) * 3  # lookup always offers a long match
+    params, rng = SamplingParams(temperature=0.0), make_rng(0)
+    drafted = []
+    for _ in range(1000):
+        draft = auto.propose(context, 16, params, rng)
+        nxt = context[len(context) - 40]
+        new = list(draft.tokens) + [context[len(context) - 40 + len(draft.tokens)]]
+        assert new[0] == nxt  # the period-40 text: lookup is always right
+        auto.observe(Outcome(draft, len(draft.tokens), len(draft.tokens), new, 0.0, true_cost))
+        context += new
+        drafted.append(len(draft.tokens))
+    assert sum(drafted[:AutoDrafter.REPROBE_ROUNDS - 1]) == 0  # the curve forbade drafting
+    # A probe walks one length further every REPROBE_ROUNDS rounds (t(5) was assumed 5x dearer
+    # than it is): long drafts every round by the end.
+    assert min(drafted[-50:]) >= 6
+    assert policy.curve(4) == pytest.approx(true_cost, rel=0.01)
