@@ -209,6 +209,11 @@ from edgespec.server.cli import add_serve_command  # noqa: E402
 
 add_serve_command(cli)
 
+# `edgespec verify` (edgespec/verify_cli.py): the exactness audit.
+from .verify_cli import add_verify_command  # noqa: E402
+
+add_verify_command(cli)
+
 
 def main() -> None:
     cli(prog_name="edgespec")
