@@ -1,0 +1,267 @@
+"""``edgespec verify``: an exactness audit on the user's own models and settings.
+
+Two checks, each per drafter:
+
+- **greedy**: speculative and target-only greedy outputs are equal, token for token, over a
+  prompt set. On the batch-consistent build anything else is a bug. With ``--fast-kernels`` the
+  target's logits depend on batch shape, so a divergence is reported with the target's top-2 logit
+  gap at that point: inside the measured kernel noise it is a near-tie flip, outside it a bug.
+- **sampling**: the joint distribution of the first ``n`` generated tokens, speculative versus
+  target-only, each from ``samples`` independently seeded runs. The statistic is the total
+  variation distance (TV) between the two empirical distributions. Even for two samples of one
+  distribution it is above zero, so the pass/fail is a permutation test (exact under the null
+  hypothesis "same distribution": pool both samples, relabel at random, recompute the TV), at a
+  stated significance level. A bootstrap gives an upper confidence bound on the TV.
+
+The statistics are pure functions of outcome counts; :func:`verify_greedy` and
+:func:`verify_sampling` drive an :class:`edgespec.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from .sampling import SamplingParams
+
+#: Largest |logit| difference between scoring a token alone and inside a batch of 2..16 with
+#: llama.cpp's fast CPU kernels (scripts/batch_consistency.py, default target), rounded up.
+FAST_KERNEL_NOISE = 0.7
+
+DEFAULT_ALPHA = 0.01
+DEFAULT_SAMPLES = 300
+DEFAULT_SAMPLE_TOKENS = 3
+DEFAULT_GREEDY_TOKENS = 128
+DEFAULT_PERMUTATIONS = 2000
+#: Raw text (no chat template), so that every drafter has something to propose from the first
+#: token on (prompt lookup copies " mat. The dog ..."), and the target is unsure enough of the
+#: continuation at 0.8 that drafts are often rejected: the residual distribution is exercised.
+DEFAULT_SAMPLING_PROMPT = "The cat sat on the mat. The dog sat on the rug. The cat sat on the"
+#: Outcomes seen fewer times than this in both samples together are pooled into one "other"
+#: outcome before testing (the pooling depends only on the pooled counts, which relabelling does
+#: not change, so the permutation test stays exact; it gains power against sparse tails).
+MIN_OUTCOME_COUNT = 5
+#: Seeds of speculative runs start here (target-only runs use 0..samples-1): disjoint seeds keep
+#: the two samples independent.
+SPEC_SEED_BASE = 1_000_000
+
+
+# ---- statistics (pure) ------------------------------------------------------------------------
+
+def tv_distance(a: Counter, b: Counter) -> float:
+    """Total variation distance between the empirical distributions of two outcome counts."""
+    na, nb = sum(a.values()), sum(b.values())
+    if na == 0 or nb == 0:
+        raise ValueError("both samples need at least one outcome")
+    return 0.5 * sum(abs(a[x] / na - b[x] / nb) for x in set(a) | set(b))
+
+
+def _codes(a: Counter, b: Counter, min_count: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    pooled = a + b
+    frequent = sorted((x for x in pooled if pooled[x] >= min_count), key=repr)
+    keys = {x: i for i, x in enumerate(frequent)}
+    other = len(keys)
+    keys.update({x: other for x in pooled if x not in keys})
+    xa = np.repeat([keys[x] for x in a], [a[x] for x in a]).astype(np.int64)
+    xb = np.repeat([keys[x] for x in b], [b[x] for x in b]).astype(np.int64)
+    return xa, xb, other + 1
+
+
+def _tv_codes(xa: np.ndarray, xb: np.ndarray, k: int) -> float:
+    pa = np.bincount(xa, minlength=k) / len(xa)
+    pb = np.bincount(xb, minlength=k) / len(xb)
+    return 0.5 * float(np.abs(pa - pb).sum())
+
+
+@dataclass(frozen=True)
+class TVTest:
+    """The two-sample TV test of one drafter against target-only sampling."""
+
+    tv: float  #: observed TV between the two empirical distributions
+    tv_upper: float  #: bootstrap upper confidence bound on the TV (at 1 - alpha)
+    critical: float  #: TV that equal distributions exceed with probability alpha at these sizes
+    p_value: float  #: permutation p-value of "same distribution"
+    alpha: float
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value > self.alpha
+
+
+def tv_test(a: Counter, b: Counter, *, alpha: float = DEFAULT_ALPHA,
+            permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0,
+            min_count: int = MIN_OUTCOME_COUNT) -> TVTest:
+    """Permutation test of "a and b are samples of one distribution", with the TV as statistic.
+
+    The TV is taken over outcomes seen at least ``min_count`` times in a and b together, the
+    rarer ones pooled as one (see MIN_OUTCOME_COUNT).
+
+    p-value = (1 + #{permuted TV >= observed}) / (1 + permutations), which is exact (a valid
+    p-value) for any sample size. ``critical`` is the (1 - alpha) quantile of the permuted TVs:
+    the noise level of the statistic at these sample sizes. ``tv_upper`` is the (1 - alpha)
+    bootstrap quantile of the TV (each sample resampled from itself); the plug-in TV is biased
+    upwards, so this bound is conservative.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    xa, xb, k = _codes(a, b, min_count)
+    observed = _tv_codes(xa, xb, k)
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate([xa, xb])
+    perm = np.empty(permutations)
+    boot = np.empty(permutations)
+    for i in range(permutations):
+        shuffled = rng.permutation(pooled)
+        perm[i] = _tv_codes(shuffled[: len(xa)], shuffled[len(xa):], k)
+        boot[i] = _tv_codes(rng.choice(xa, len(xa)), rng.choice(xb, len(xb)), k)
+    p_value = (1 + int(np.sum(perm >= observed - 1e-12))) / (1 + permutations)
+    return TVTest(observed, float(np.quantile(boot, 1 - alpha)),
+                  float(np.quantile(perm, 1 - alpha)), p_value, alpha)
+
+
+# ---- audits on an engine ----------------------------------------------------------------------
+
+@dataclass
+class GreedyResult:
+    """One prompt, one drafter: speculative greedy against target-only greedy."""
+
+    prompt: str  #: prompt id
+    drafter: str
+    tokens: int  #: target-only tokens compared
+    equal: bool
+    divergence: int | None = None  #: index of the first differing token
+    gap: float | None = None  #: target's top-2 logit gap there (plain decoding's view)
+    near_tie: bool = False  #: gap inside the fast kernels' measured noise (fast kernels only)
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.equal or self.near_tie
+
+
+@dataclass
+class SamplingResult:
+    """One drafter: the first ``tokens`` tokens' distribution against target-only sampling."""
+
+    drafter: str
+    tokens: int
+    samples: int
+    test: TVTest
+    outcomes: int  #: distinct token sequences seen (both samples)
+    drafted: int = 0
+    accepted: int = 0
+    top: list[tuple[str, int, int]] = field(default_factory=list)  #: (text, target, spec) counts
+
+    @property
+    def passed(self) -> bool:
+        return self.test.passed
+
+
+Progress = Callable[[str], None]
+
+
+def _ids(completion) -> list[int]:
+    return [t.id for t in completion.tokens]
+
+
+def _top2_gap(engine, context: Sequence[int]) -> float:
+    """The target's logit gap between its two best next tokens after ``context`` (one token
+    scored alone, as plain decoding does)."""
+    target = engine.target
+    target.sync(list(context[:-1]))
+    logits = target.decode(list(context[-1:]), 1)[0]
+    top = np.sort(logits)[-2:]
+    return float(top[1] - top[0])
+
+
+def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters: Sequence[str],
+                  max_tokens: int = DEFAULT_GREEDY_TOKENS, *,
+                  progress: Progress | None = None) -> list[GreedyResult]:
+    """Greedy-decode each ``(id, prompt, chat)`` target-only, then with each drafter, and compare
+    the tokens. ``prompt`` is what :meth:`Engine.stream` takes; ``chat`` applies the template."""
+    greedy = SamplingParams(temperature=0.0)
+    exact = bool(getattr(engine.target.options, "batch_consistent", True))
+    results = []
+    for pid, prompt, chat in prompts:
+        if progress:
+            progress(f"greedy {pid}: none")
+        plain = engine.complete(prompt, max_tokens=max_tokens, drafter="none", sampling=greedy,
+                                chat=chat)
+        want = _ids(plain)
+        for name in drafters:
+            if progress:
+                progress(f"greedy {pid}: {name}")
+            spec = engine.complete(prompt, max_tokens=max_tokens, drafter=name, sampling=greedy,
+                                   chat=chat)
+            got = _ids(spec)
+            res = GreedyResult(pid, name, len(want), got == want,
+                               drafted=spec.stats.drafted, accepted=spec.stats.accepted)
+            if not res.equal:
+                i = next((j for j, (x, y) in enumerate(zip(got, want)) if x != y),
+                         min(len(got), len(want)))
+                res.divergence = i
+                context = engine.prompt_tokens(prompt, chat=chat) + want[:i]
+                res.gap = _top2_gap(engine, context)
+                res.near_tie = not exact and res.gap <= FAST_KERNEL_NOISE
+            results.append(res)
+    return results
+
+
+def _text(engine, ids: Sequence[int]) -> str:
+    return b"".join(engine.target.token_bytes(t) for t in ids).decode("utf-8", "replace")
+
+
+def _first_tokens(engine, prompt, drafter: str, params: SamplingParams, n: int, seeds: Iterable[int],
+                  chat: bool) -> tuple[Counter, int, int]:
+    counts: Counter = Counter()
+    drafted = accepted = 0
+    for seed in seeds:
+        run = engine.complete(prompt, max_tokens=n, drafter=drafter, chat=chat,
+                              sampling=SamplingParams(params.temperature, params.top_k,
+                                                      params.top_p, params.min_p, seed))
+        counts[tuple(_ids(run))] += 1
+        drafted += run.stats.drafted
+        accepted += run.stats.accepted
+    return counts, drafted, accepted
+
+
+def verify_sampling(engine, prompt, drafters: Sequence[str], params: SamplingParams,
+                    tokens: int = DEFAULT_SAMPLE_TOKENS, samples: int = DEFAULT_SAMPLES, *,
+                    alpha: float = DEFAULT_ALPHA, permutations: int = DEFAULT_PERMUTATIONS,
+                    chat: bool = True, progress: Progress | None = None) -> list[SamplingResult]:
+    """For each drafter, test the distribution of the first ``tokens`` tokens against
+    target-only sampling (``samples`` seeded runs each; target-only seeds 0..samples-1)."""
+    if params.greedy:
+        raise ValueError("the sampling audit needs a temperature > 0")
+    if progress:
+        progress(f"sampling: none x {samples}")
+    base, _, _ = _first_tokens(engine, prompt, "none", params, tokens, range(samples), chat)
+    results = []
+    for i, name in enumerate(drafters):
+        if progress:
+            progress(f"sampling: {name} x {samples}")
+        seeds = range(SPEC_SEED_BASE * (i + 1), SPEC_SEED_BASE * (i + 1) + samples)
+        counts, drafted, accepted = _first_tokens(engine, prompt, name, params, tokens, seeds, chat)
+        test = tv_test(base, counts, alpha=alpha, permutations=permutations, seed=i)
+        top = [(_text(engine, seq), base[seq], counts[seq])
+               for seq, _ in (base + counts).most_common(5)]
+        results.append(SamplingResult(name, tokens, samples, test, len(set(base) | set(counts)),
+                                      drafted, accepted, top))
+    return results
+
+
+def to_dict(greedy: Sequence[GreedyResult], sampling: Sequence[SamplingResult]) -> dict:
+    """Both audits as plain data (``edgespec verify --json``)."""
+    return {
+        "passed": all(r.passed for r in greedy) and all(r.passed for r in sampling),
+        "greedy": [asdict(r) | {"passed": r.passed} for r in greedy],
+        "sampling": [
+            {k: v for k, v in asdict(r).items() if k != "test"}
+            | asdict(r.test) | {"passed": r.passed}
+            for r in sampling
+        ],
+    }
