@@ -27,3 +27,7 @@ class ConfigError(EdgespecError):
     """An option value is out of range or unknown."""
 
     exit_code = 2
+
+
+class LogitsError(EdgespecError, ValueError):
+    """A model produced logits nothing can be sampled from (NaN, or every token at -inf)."""
