@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
-from .errors import ConfigError
+from .errors import ConfigError, LogitsError
 
 #: top-p first looks among this many most likely tokens: partitioning is O(V), a full sort of a
 #: 152k vocabulary is not. If the nucleus is larger, it falls back to the full sort (same result).
@@ -77,14 +77,17 @@ def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     if x.ndim != 1:
         raise ValueError(f"process() takes one row of logits, got shape {x.shape}")
     if np.isnan(x).any():
-        raise ValueError("logits contain NaN")
+        raise LogitsError("the model's logits contain NaN: the GGUF file is corrupt or not "
+                          "supported by this llama.cpp build")
     top = x.max()
     if top == -np.inf:
-        raise ValueError("every logit is -inf: no token can be sampled")
+        raise LogitsError("every logit is -inf: no token can be sampled")
     if top == np.inf:
-        # +inf logits: the distribution is uniform over them (the limit of softmax).
-        probs = (x == np.inf).astype(np.float64)
-        return probs / probs.sum()
+        # +inf logits: the limit of softmax is uniform over them. Map them to 0 and the rest to
+        # -inf and go on, so greedy (lowest id, as the model drafter's argmax) and the filters
+        # apply to that tie like to any other instead of being skipped.
+        x = np.where(x == np.inf, 0.0, -np.inf)
+        top = 0.0
 
     if params.greedy:
         probs = np.zeros_like(x)
@@ -132,6 +135,11 @@ def _descending(probs: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n largest probabilities, sorted descending, ties by ascending id."""
     if n < probs.size:
         part = np.argpartition(-probs, n - 1)[:n]
+        # argpartition picks arbitrary ids among the values tied at the cut (top_k=1 over two
+        # equal tokens could keep the second): refill the cut with the lowest tied ids.
+        cut = probs[part].min()
+        above = part[probs[part] > cut]
+        part = np.concatenate([above, np.flatnonzero(probs == cut)[: n - above.size]])
     else:
         part = np.arange(probs.size)
     # lexsort: last key is primary. Sort by -prob, then by token id.
