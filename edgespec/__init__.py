@@ -7,20 +7,47 @@ Public API::
     with Engine.load(pair="default") as engine:
         for chunk in engine.stream("Write a haiku about caches", max_tokens=64):
             print(chunk.text, end="", flush=True)
+
+The names below are imported on first use, so that ``import edgespec`` (and the ``edgespec``
+command's start-up, which must be able to handle Ctrl-C) stays cheap.
 """
 
-from .engine import Chunk, Completion, Engine, EngineBusyError, TokenInfo
-from .errors import (
-    ConfigError,
-    ContextOverflowError,
-    DownloadError,
-    EdgespecError,
-    IncompatibleDraftError,
-    ModelError,
-)
-from .rejection import Source
-from .sampling import SamplingParams
-from .stats import Stats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine import Chunk, Completion, Engine, EngineBusyError, TokenInfo
+    from .errors import (
+        ConfigError,
+        ContextOverflowError,
+        DownloadError,
+        EdgespecError,
+        IncompatibleDraftError,
+        ModelError,
+    )
+    from .rejection import Source
+    from .sampling import SamplingParams
+    from .stats import Stats
+
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    "Chunk": "engine",
+    "Completion": "engine",
+    "ConfigError": "errors",
+    "ContextOverflowError": "errors",
+    "DownloadError": "errors",
+    "EdgespecError": "errors",
+    "Engine": "engine",
+    "EngineBusyError": "engine",
+    "IncompatibleDraftError": "errors",
+    "ModelError": "errors",
+    "SamplingParams": "sampling",
+    "Source": "rejection",
+    "Stats": "stats",
+    "TokenInfo": "engine",
+}
 
 __all__ = [
     "Chunk",
@@ -38,3 +65,17 @@ __all__ = [
     "Stats",
     "TokenInfo",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its submodule on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

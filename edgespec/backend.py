@@ -21,13 +21,16 @@ without). See README, "Exactness".
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import re
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -71,12 +74,81 @@ def set_verbose(verbose: bool) -> None:
     _verbose = verbose
 
 
-def _recent_errors() -> str:
+def _take_log_lines() -> list[str]:
+    """llama.cpp's log lines since the last call (non-blank, stripped), and forget them."""
     with _log_lock:
         lines = [ln.strip() for ln in _log_lines if ln.strip()]
         _log_lines.clear()
-    relevant = [ln for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return lines
+
+
+def _recent_errors() -> str:
+    relevant = [ln for ln in _take_log_lines() if "error" in ln.lower() or "failed" in ln.lower()]
     return "; ".join(relevant[-3:])
+
+
+#: llama.cpp's log prefixes ("llama_model_load: error loading model: ") and its generic lines
+_LOG_PREFIX = re.compile(r"^(?:[A-Za-z_][\w:]*: )+|^error loading model: ")
+_GENERIC = ("failed to load model", "error loading model")
+
+
+def _load_failure_reason() -> str:
+    """The most specific reason llama.cpp logged for a failed model load, in plain words."""
+    reasons: list[str] = []
+    for line in _take_log_lines():
+        if "error" not in line.lower() and "failed" not in line.lower():
+            continue
+        reason = line
+        while (stripped := _LOG_PREFIX.sub("", reason)) != reason:
+            reason = stripped
+        if reason and not reason.startswith(_GENERIC) and reason not in reasons:
+            reasons.append(reason)
+    reason = "; ".join(reasons[:2]) or "llama.cpp could not load it"
+    if "unknown model architecture" in reason:
+        return f"{reason} (this llama.cpp, llama-cpp-python {llama_cpp.__version__}, cannot run it)"
+    if "failed to read" in reason or "file bounds" in reason or "unexpected" in reason:
+        return f"the file is truncated or corrupt, e.g. an incomplete download ({reason})"
+    return reason
+
+
+# ---- Ctrl-C during long llama.cpp calls ----------------------------------------------------
+
+_interrupted = threading.Event()
+
+
+@llama_cpp.llama_progress_callback
+def _load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
+    """llama.cpp asks whether to go on loading: not once Ctrl-C was pressed."""
+    return not _interrupted.is_set()
+
+
+def _note_interrupt(signum: int, frame: object) -> None:
+    _interrupted.set()
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Make Ctrl-C stop a long llama.cpp call that logs (loading a model, creating a context).
+
+    Python raises KeyboardInterrupt at the next bytecode it runs, and inside such a call that is
+    our log callback, where ctypes can only print the exception and drop it: the load would go
+    on as if nothing happened. Within this block (main thread, default Ctrl-C handler only),
+    SIGINT just sets a flag; the model load's progress callback then aborts the load, and
+    KeyboardInterrupt is raised as soon as llama.cpp has returned.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, _note_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if _interrupted.is_set():
+            _interrupted.clear()
+            raise KeyboardInterrupt
 
 
 def system_info() -> dict[str, str]:
@@ -125,6 +197,8 @@ def check_gguf_file(path: Path) -> None:
             magic = fh.read(4)
     except OSError as err:
         raise ModelError(f"cannot read model file {path}: {err.strerror or err}") from None
+    if not magic:
+        raise ModelError(f"not a GGUF file (the file is empty): {path}")
     if magic != b"GGUF":
         raise ModelError(f"not a GGUF file (bad magic {magic!r}): {path}")
 
@@ -136,15 +210,19 @@ class LlamaBackend:
         self.options = options
         path = Path(options.path)
         check_gguf_file(path)
-        _recent_errors()  # drop stale lines
+        _take_log_lines()  # drop stale lines
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         mparams.use_extra_bufts = options.repack
+        mparams.progress_callback = _load_progress
         try:
-            self._model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=True)
+            with interrupts_deferred():
+                self._model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=True)
         except ValueError:
-            reason = _recent_errors() or "llama.cpp could not load it (corrupt or unsupported)"
-            raise ModelError(f"failed to load {path.name}: {reason}") from None
+            raise ModelError(f"cannot load model {path}: {_load_failure_reason()}") from None
+        except BaseException:  # Ctrl-C: the model may have loaded just before it was noticed
+            self.close()
+            raise
 
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = options.n_ctx
@@ -157,10 +235,13 @@ class LlamaBackend:
         if options.batch_consistent:
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         try:
-            self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=True)
-        except ValueError:
+            with interrupts_deferred():
+                self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=True)
+        except BaseException as err:
+            self.close()  # frees what exists, context before model
+            if not isinstance(err, ValueError):
+                raise
             reason = _recent_errors() or "out of memory?"
-            self._model.close()
             raise ModelError(f"failed to create a context of {options.n_ctx} tokens: {reason}") from None
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         self._vocab = self._model.vocab

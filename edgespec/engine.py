@@ -82,6 +82,16 @@ def validate_draft_length(k: int | None) -> int | None:
     return k
 
 
+def check_prompt(prompt: Prompt) -> None:
+    """Raise :class:`ConfigError` for an empty prompt: blank text, or no messages. Cheap, so
+    callers can check before loading any model."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ConfigError("the prompt is empty")
+    elif not prompt:
+        raise ConfigError("the conversation is empty")
+
+
 def effective_draft_length(drafter: str, k: int | None) -> int:
     """The per-round cap: ``auto`` chooses up to AUTO_MAX_DRAFT_LENGTH, others draft exactly
     DEFAULT_DRAFT_LENGTH, unless the user set k."""
@@ -127,6 +137,7 @@ class Engine:
         self.draft_length = validate_draft_length(draft_length)
         self.costs: Costs | None = None
         self._lock = threading.Lock()
+        self._owner: int | None = None  #: the thread generating (holding _lock), if any
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -226,7 +237,24 @@ class Engine:
         return Policy(costs.target, CostEstimate(per_token) if per_token is not None else None)
 
     def close(self) -> None:
-        """Free both models."""
+        """Free both models.
+
+        Raises :class:`EngineBusyError` while another thread is generating with this engine
+        (freeing the models under it would crash the process): stop that generation first. A
+        stream left open in the calling thread does not prevent closing; it cannot be resumed.
+        """
+        if not self._lock.acquire(blocking=False):
+            if self._owner != threading.get_ident():
+                raise EngineBusyError("cannot close this engine while another thread is generating "
+                                      "with it; stop that generation first")
+            self._free()
+            return
+        try:
+            self._free()
+        finally:
+            self._lock.release()
+
+    def _free(self) -> None:
         for model in (self.draft, self.target):
             if model is not None and hasattr(model, "close"):
                 model.close()
@@ -242,9 +270,8 @@ class Engine:
     def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, system: str | None = None) -> list[int]:
         """Tokenize a prompt. ``chat=True`` wraps a string as one user message and applies the
         model's chat template; a list of ``{"role", "content"}`` messages is always templated."""
+        check_prompt(prompt)
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ConfigError("the prompt is empty")
             if not chat:
                 return self.target.tokenize(prompt, add_special=True, parse_special=False)
             messages = [{"role": "user", "content": prompt}]
@@ -252,8 +279,7 @@ class Engine:
                 messages.insert(0, {"role": "system", "content": system})
         else:
             messages = list(prompt)
-            if not messages:
-                raise ConfigError("the conversation is empty")
+            check_prompt(messages)
         text = self.target.chat_prompt(messages)
         return self.target.tokenize(text, add_special=True, parse_special=True)
 
@@ -276,6 +302,12 @@ class Engine:
         Each chunk carries its tokens with their provenance and the live :class:`Stats`.
         Closing the generator early (``break``, ``.close()``, Ctrl-C) leaves the engine ready
         for the next call.
+
+        Text is exact UTF-8 (:class:`~edgespec.textstream.TextStream`): only committed tokens'
+        bytes are decoded (never a draft's before it is accepted), and a character split across
+        tokens appears with the token that completes it, never as U+FFFD meanwhile. If
+        generation ends inside a character (``max_tokens``, an end-of-generation token, a full
+        context), its incomplete bytes show as one U+FFFD at the very end of the last chunk.
         """
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):
@@ -309,12 +341,14 @@ class Engine:
         return Completion("".join(parts), chunk.finish_reason, infos, chunk.stats)
 
     @contextmanager
-    def _exclusive(self):
+    def _exclusive(self) -> Iterator[None]:
         if not self._lock.acquire(blocking=False):
             raise EngineBusyError("this engine is already generating; wait for it or use another engine")
+        self._owner = threading.get_ident()
         try:
             yield
         finally:
+            self._owner = None
             self._lock.release()
 
     def _generate(self, prompt, drafter, k, sampling, max_tokens, stop) -> Iterator[Chunk]:
