@@ -2,7 +2,10 @@
 
 Byte-level BPE can split one character across tokens, so bytes go through an incremental UTF-8
 decoder (an incomplete character waits for its next bytes instead of showing U+FFFD). Text that
-could be the start of a stop string is held back until it is clearly not one.
+could be the start of a stop string is held back until it is clearly not one. The engine pushes
+only committed tokens, so a draft rejected in the middle of a character never shows. When
+generation ends inside a character, :meth:`TextStream.flush` shows its bytes as one U+FFFD
+(the bytes are not dropped silently).
 """
 
 from __future__ import annotations
