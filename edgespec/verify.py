@@ -168,7 +168,7 @@ def _ids(completion) -> list[int]:
     return [t.id for t in completion.tokens]
 
 
-def _top2_gap(engine, context: Sequence[int]) -> float:
+def top2_gap(engine, context: Sequence[int]) -> float:
     """The target's logit gap between its two best next tokens after ``context`` (one token
     scored alone, as plain decoding does)."""
     target = engine.target
@@ -205,7 +205,7 @@ def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters:
                          min(len(got), len(want)))
                 res.divergence = i
                 context = engine.prompt_tokens(prompt, chat=chat) + want[:i]
-                res.gap = _top2_gap(engine, context)
+                res.gap = top2_gap(engine, context)
                 res.near_tie = not exact and res.gap <= FAST_KERNEL_NOISE
             results.append(res)
     return results
