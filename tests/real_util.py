@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from edgespec import verify
 from edgespec.sampling import SamplingParams
 
