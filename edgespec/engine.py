@@ -173,7 +173,7 @@ class Engine:
         (:meth:`calibrate`).
         """
         from .backend import LlamaBackend, ModelOptions, check_compatible
-        from .catalog import resolve_model, resolve_pair
+        from .catalog import check_model_argument, resolve_model, resolve_pair
 
         check_drafter_name(drafter)
         validate_draft_length(draft_length)
@@ -183,6 +183,8 @@ class Engine:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if n_ctx < 16:
             raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
+        if draft is not None and drafter not in MODEL_DRAFTERS:
+            check_model_argument(str(draft))  # not loaded, but a typo still deserves an error
         if target is None:
             chosen = resolve_pair(pair)
             target, draft = chosen.target, draft if draft is not None else chosen.draft

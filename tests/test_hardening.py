@@ -235,6 +235,8 @@ BAD_OPTIONS = [  # (arguments, words the message must hold: the option and its v
     (["--drafter", "magic"], ["--drafter", "'magic' is not one of", "'auto'", "'hybrid'"]),
     (["--target", "no-such-model"], ["unknown model 'no-such-model'", "known models:", TINY]),
     (["--draft", "no-such-model", "--drafter", "model"], ["unknown model 'no-such-model'"]),
+    # a draft the drafter does not use is still checked (not loaded): a typo is never ignored
+    (["--draft", "no-such-model", "--drafter", "lookup"], ["unknown model 'no-such-model'"]),
     (["--pair", "no-such-pair"], ["unknown pair 'no-such-pair'", "known pairs: default, tiny"]),
 ]
 
