@@ -409,9 +409,17 @@ def _interrupt(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, bytes,
     return proc.returncode, out, err.decode("utf-8", "replace"), time.monotonic() - start
 
 
+def _default_sigint() -> None:
+    """Run in the child before exec: Ctrl-C as a terminal delivers it. A shell starts background
+    jobs (and some CI runners start everything) with SIGINT ignored, children inherit that, and
+    Python then never raises KeyboardInterrupt: as it should, but not what these tests are about."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _popen(*args: str) -> subprocess.Popen:
     return subprocess.Popen([str(EXE), "complete", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ),
+                            preexec_fn=_default_sigint)
 
 
 def _assert_quiet_interrupt(code: int, err: str) -> None:
@@ -461,7 +469,8 @@ print("loaded", flush=True)
 def test_api_ctrl_c_while_loading_raises_keyboard_interrupt_promptly():
     model_path(TARGET_15B)
     proc = subprocess.Popen([sys.executable, "-c", _LOAD_AND_REPORT], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ))
+                            stderr=subprocess.PIPE, env=dict(os.environ),
+                            preexec_fn=_default_sigint)
     _wait_for(proc, lambda: ".gguf\n" in _maps(proc.pid))
     code, out, err, seconds = _interrupt(proc)
     assert (code, out) == (0, b"KeyboardInterrupt\n"), err
