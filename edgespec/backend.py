@@ -82,9 +82,13 @@ def _take_log_lines() -> list[str]:
     return lines
 
 
+def _logged_errors() -> list[str]:
+    """llama.cpp's error lines since the last call (and forget every line)."""
+    return [ln for ln in _take_log_lines() if "error" in ln.lower() or "failed" in ln.lower()]
+
+
 def _recent_errors() -> str:
-    relevant = [ln for ln in _take_log_lines() if "error" in ln.lower() or "failed" in ln.lower()]
-    return "; ".join(relevant[-3:])
+    return "; ".join(_logged_errors()[-3:])
 
 
 #: llama.cpp's log prefixes ("llama_model_load: error loading model: ") and its generic lines
@@ -95,9 +99,7 @@ _GENERIC = ("failed to load model", "error loading model")
 def _load_failure_reason() -> str:
     """The most specific reason llama.cpp logged for a failed model load, in plain words."""
     reasons: list[str] = []
-    for line in _take_log_lines():
-        if "error" not in line.lower() and "failed" not in line.lower():
-            continue
+    for line in _logged_errors():
         reason = line
         while (stripped := _LOG_PREFIX.sub("", reason)) != reason:
             reason = stripped

@@ -352,12 +352,10 @@ def check_model_argument(name_or_path: str, *, catalog: Catalog | None = None) -
     """Check a model argument without loading or fetching anything: an existing file, or a
     path-like argument (:class:`ModelError` if missing), or a known catalog name
     (:class:`ConfigError` if unknown)."""
-    candidate = Path(name_or_path).expanduser()
-    if candidate.is_file():
-        return
-    if looks_like_path(name_or_path):
-        resolve_model(name_or_path, download=False, catalog=catalog)  # raises the ModelError
-    (catalog or load_catalog()).model(name_or_path)
+    if Path(name_or_path).expanduser().is_file() or looks_like_path(name_or_path):
+        resolve_model(name_or_path, download=False, catalog=catalog)  # a path: never fetches
+    else:
+        (catalog or load_catalog()).model(name_or_path)
 
 
 def resolve_pair(name: str, *, catalog: Catalog | None = None) -> Pair:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
@@ -16,8 +17,7 @@ from .drafters import DRAFTER_NAMES
 from .errors import ConfigError, EdgespecError
 
 if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs it
-    from .engine import Chunk, Completion, TokenInfo
-    from .stats import Stats
+    from .engine import Collector
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -164,10 +164,12 @@ def complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, debug,
         if debug:
             traceback.print_exc()
         # The text already printed stays; with --json, the object says what there was.
-        if as_json and run.started:
-            click.echo(_json(run.completion("interrupted").to_dict()))
+        collected = run.collected
+        if as_json and collected is not None:
+            click.echo(_json(collected.completion("interrupted").to_dict()))
         sys.stdout.flush()
-        summary = f" {run.stats.summary()}" if show_stats and run.stats is not None else ""
+        summary = (f" {collected.stats.summary()}"
+                   if show_stats and collected is not None and collected.stats is not None else "")
         click.echo(f"\n[interrupted]{summary}", err=True)
         sys.exit(130)
 
@@ -178,30 +180,15 @@ def _json(obj: dict) -> str:
     return json.dumps(obj, ensure_ascii=encoding != "utf8")
 
 
+@dataclass
 class _Run:
     """What one ``complete`` has produced so far, so that Ctrl-C can report it."""
 
-    def __init__(self) -> None:
-        self.started = False  #: models loaded, generation under way
-        self.parts: list[str] = []
-        self.tokens: list[TokenInfo] = []
-        self.stats: Stats | None = None
-
-    def add(self, chunk: Chunk) -> None:
-        self.parts.append(chunk.text)
-        self.tokens.extend(chunk.tokens)
-        self.stats = chunk.stats
-
-    def completion(self, finish_reason: str) -> Completion:
-        from .engine import Completion
-        from .stats import Stats
-
-        return Completion("".join(self.parts), finish_reason, self.tokens,
-                          self.stats if self.stats is not None else Stats())
+    collected: Collector | None = None  #: set once the models are loaded
 
 
 def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts) -> None:
-    from .engine import check_prompt
+    from .engine import Collector, check_prompt
 
     text = read_prompt(prompt)
     check_prompt(text)  # validate before loading models
@@ -209,16 +196,16 @@ def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_
     with load_engine(opts, progress=not as_json) as engine:
         kwargs = dict(max_tokens=max_tokens, sampling=sampling, stop=list(stop), chat=chat,
                       system=system)
-        run.started = True
+        collected = run.collected = Collector()
         chunk = None
         for chunk in engine.stream(text, **kwargs):
-            run.add(chunk)
+            collected.add(chunk)
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
         assert chunk is not None and chunk.finish_reason is not None
         if as_json:
-            click.echo(_json(run.completion(chunk.finish_reason).to_dict()))
+            click.echo(_json(collected.completion(chunk.finish_reason).to_dict()))
             return
         sys.stdout.write("\n")
         if show_stats or chunk.finish_reason == "context":

@@ -72,6 +72,24 @@ class Completion:
         }
 
 
+class Collector:
+    """Joins a stream's chunks into a :class:`Completion`, also part-way (e.g. after Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.tokens: list[TokenInfo] = []
+        self.stats: Stats | None = None  #: the last chunk's stats; None before the first
+
+    def add(self, chunk: Chunk) -> None:
+        self.parts.append(chunk.text)
+        self.tokens.extend(chunk.tokens)
+        self.stats = chunk.stats
+
+    def completion(self, finish_reason: str) -> Completion:
+        return Completion("".join(self.parts), finish_reason, self.tokens,
+                          self.stats if self.stats is not None else Stats())
+
+
 def validate_draft_length(k: int | None) -> int | None:
     """``None`` (the default: ``auto`` chooses, fixed drafters use DEFAULT_DRAFT_LENGTH) or an
     integer in [0, MAX_DRAFT_LENGTH]."""
@@ -281,7 +299,6 @@ class Engine:
                 messages.insert(0, {"role": "system", "content": system})
         else:
             messages = list(prompt)
-            check_prompt(messages)
         text = self.target.chat_prompt(messages)
         return self.target.tokenize(text, add_special=True, parse_special=True)
 
@@ -333,14 +350,12 @@ class Engine:
 
     def complete(self, prompt: Prompt, **kwargs) -> Completion:
         """Generate the whole completion (same arguments as :meth:`stream`)."""
-        parts: list[str] = []
-        infos: list[TokenInfo] = []
+        collected = Collector()
         chunk = None
         for chunk in self.stream(prompt, **kwargs):
-            parts.append(chunk.text)
-            infos.extend(chunk.tokens)
+            collected.add(chunk)
         assert chunk is not None and chunk.finish_reason is not None
-        return Completion("".join(parts), chunk.finish_reason, infos, chunk.stats)
+        return collected.completion(chunk.finish_reason)
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:

@@ -20,7 +20,7 @@ The statistics are pure functions of outcome counts; :func:`verify_greedy` and
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -53,10 +53,9 @@ SPEC_SEED_BASE = 1_000_000
 
 def tv_distance(a: Counter, b: Counter) -> float:
     """Total variation distance between the empirical distributions of two outcome counts."""
-    na, nb = sum(a.values()), sum(b.values())
-    if na == 0 or nb == 0:
+    if not a or not b:
         raise ValueError("both samples need at least one outcome")
-    return 0.5 * sum(abs(a[x] / na - b[x] / nb) for x in set(a) | set(b))
+    return _tv_codes(*_codes(a, b))
 
 
 def _codes(a: Counter, b: Counter, min_count: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
@@ -168,6 +167,15 @@ def _ids(completion) -> list[int]:
     return [t.id for t in completion.tokens]
 
 
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a
+    prefix of the other); None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def top2_gap(engine, context: Sequence[int]) -> float:
     """The target's logit gap between its two best next tokens after ``context`` (one token
     scored alone, as plain decoding does)."""
@@ -198,12 +206,10 @@ def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters:
             spec = engine.complete(prompt, max_tokens=max_tokens, drafter=name, sampling=greedy,
                                    chat=chat)
             got = _ids(spec)
-            res = GreedyResult(pid, name, len(want), got == want,
+            i = first_divergence(got, want)
+            res = GreedyResult(pid, name, len(want), i is None, divergence=i,
                                drafted=spec.stats.drafted, accepted=spec.stats.accepted)
-            if not res.equal:
-                i = next((j for j, (x, y) in enumerate(zip(got, want)) if x != y),
-                         min(len(got), len(want)))
-                res.divergence = i
+            if i is not None:
                 context = engine.prompt_tokens(prompt, chat=chat) + want[:i]
                 res.gap = top2_gap(engine, context)
                 res.near_tie = not exact and res.gap <= FAST_KERNEL_NOISE
@@ -221,8 +227,7 @@ def _first_tokens(engine, prompt, drafter: str, params: SamplingParams, n: int, 
     drafted = accepted = 0
     for seed in seeds:
         run = engine.complete(prompt, max_tokens=n, drafter=drafter, chat=chat,
-                              sampling=SamplingParams(params.temperature, params.top_k,
-                                                      params.top_p, params.min_p, seed))
+                              sampling=replace(params, seed=seed))
         counts[tuple(_ids(run))] += 1
         drafted += run.stats.drafted
         accepted += run.stats.accepted

@@ -127,14 +127,16 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
 
 
 def _parse_drafters(text: str | None, known) -> list[str] | None:
+    from .bench import parse_list
+
     if text is None:
         return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = parse_list(text, "--drafters")
     bad = [n for n in names if n not in known or n == "none"]
-    if bad or not names:
+    if bad:
         valid = ", ".join(n for n in known if n != "none")
-        raise ConfigError(f"--drafters: unknown {', '.join(bad) or '(empty)'}; choose from {valid}")
-    return list(dict.fromkeys(names))
+        raise ConfigError(f"--drafters: unknown {', '.join(bad)}; choose from {valid}")
+    return names
 
 
 def _header(engine, params) -> dict:

@@ -6,6 +6,7 @@ from edgespec import verify
 from edgespec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
+first_divergence = verify.first_divergence
 
 #: The fast kernels' measured batch-shape noise in logits (edgespec.verify documents it).
 FAST_KERNEL_NOISE = verify.FAST_KERNEL_NOISE
@@ -13,13 +14,6 @@ FAST_KERNEL_NOISE = verify.FAST_KERNEL_NOISE
 
 def ids(completion) -> list[int]:
     return [t.id for t in completion.tokens]
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def top2_gap(engine, context: list[int]) -> float:
