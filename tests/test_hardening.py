@@ -566,46 +566,9 @@ def test_api_stream_closed_mid_way_then_reused(tiny_engine, how):
     assert (again.text, ids(again)) == (want.text, ids(want))
 
 
-@pytest.mark.real
-def test_api_second_thread_is_refused_while_the_first_generates(tiny_engine):
-    kwargs = dict(chat=False, max_tokens=40, sampling=GREEDY, drafter="model", draft_length=4)
-    solo = tiny_engine.complete(STORY, **kwargs)
-    started, tried = threading.Event(), threading.Event()
-    results: dict[str, object] = {}
-
-    def first():
-        parts = []
-        for chunk in tiny_engine.stream(STORY, **kwargs):
-            parts.append(chunk.text)
-            started.set()
-            tried.wait(30)  # hold the engine until the other thread has tried
-        results["first"] = "".join(parts)
-
-    def second():
-        started.wait(30)
-        try:
-            results["second"] = tiny_engine.complete("Another prompt", max_tokens=8)
-        except Exception as err:  # noqa: BLE001 - the test inspects it
-            results["second"] = err
-        finally:
-            tried.set()
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert isinstance(results["second"], EngineBusyError)
-    assert "already generating" in str(results["second"])
-    assert results["first"] == solo.text
-
-
-@pytest.mark.real
-def test_api_close_from_another_thread_while_generating_is_refused():
-    """Freeing the models under a running generation used to crash the process (SIGSEGV)."""
-    engine = Engine.load(pair="tiny", drafter="none", n_ctx=256, progress=False)
-    kwargs = dict(chat=False, max_tokens=30, sampling=GREEDY)
-    solo = engine.complete(STORY, **kwargs).text
+def _while_generating(engine, kwargs: dict, action) -> tuple[str, object]:
+    """Run ``action()`` in this thread while another thread holds ``engine`` mid-generation;
+    return (that generation's text, what action returned or raised)."""
     started, tried = threading.Event(), threading.Event()
     results: dict[str, object] = {}
 
@@ -614,19 +577,43 @@ def test_api_close_from_another_thread_while_generating_is_refused():
         for chunk in engine.stream(STORY, **kwargs):
             parts.append(chunk.text)
             started.set()
-            tried.wait(30)
+            tried.wait(30)  # hold the engine until the action has been tried
         results["text"] = "".join(parts)
 
     thread = threading.Thread(target=generate)
     thread.start()
     started.wait(30)
     try:
-        with pytest.raises(EngineBusyError, match="another thread is generating"):
-            engine.close()
+        outcome = action()
+    except Exception as err:  # noqa: BLE001 - the test inspects it
+        outcome = err
     finally:
         tried.set()
         thread.join(60)
-    assert results["text"] == solo
+    return results["text"], outcome
+
+
+@pytest.mark.real
+def test_api_second_thread_is_refused_while_the_first_generates(tiny_engine):
+    kwargs = dict(chat=False, max_tokens=40, sampling=GREEDY, drafter="model", draft_length=4)
+    solo = tiny_engine.complete(STORY, **kwargs)
+    text, second = _while_generating(tiny_engine, kwargs,
+                                     lambda: tiny_engine.complete("Another prompt", max_tokens=8))
+    assert isinstance(second, EngineBusyError)
+    assert "already generating" in str(second)
+    assert text == solo.text
+
+
+@pytest.mark.real
+def test_api_close_from_another_thread_while_generating_is_refused():
+    """Freeing the models under a running generation used to crash the process (SIGSEGV)."""
+    engine = Engine.load(pair="tiny", drafter="none", n_ctx=256, progress=False)
+    kwargs = dict(chat=False, max_tokens=30, sampling=GREEDY)
+    solo = engine.complete(STORY, **kwargs).text
+    text, closing = _while_generating(engine, kwargs, engine.close)
+    assert isinstance(closing, EngineBusyError)
+    assert "another thread is generating" in str(closing)
+    assert text == solo
     engine.close()  # now it may
     assert engine.target._model is None
     # a stream left open in the closing thread itself does not block closing
