@@ -17,8 +17,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _native
+
+#: how llama.cpp's library was loaded ahead of NumPy (see edgespec/_native.py)
+PRELOAD = _native.preload()
+
 if TYPE_CHECKING:
-    from .engine import Chunk, Completion, Engine, EngineBusyError, TokenInfo
+    from .core.rejection import Source
+    from .core.sampling import SamplingParams
+    from .core.stats import Stats
     from .errors import (
         ConfigError,
         ContextOverflowError,
@@ -27,26 +34,24 @@ if TYPE_CHECKING:
         IncompatibleDraftError,
         ModelError,
     )
-    from .rejection import Source
-    from .sampling import SamplingParams
-    from .stats import Stats
+    from .runtime.engine import Chunk, Completion, Engine, EngineBusyError, TokenInfo
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    "Chunk": "engine",
-    "Completion": "engine",
+    "Chunk": "runtime.engine",
+    "Completion": "runtime.engine",
     "ConfigError": "errors",
     "ContextOverflowError": "errors",
     "DownloadError": "errors",
     "EdgespecError": "errors",
-    "Engine": "engine",
-    "EngineBusyError": "engine",
+    "Engine": "runtime.engine",
+    "EngineBusyError": "runtime.engine",
     "IncompatibleDraftError": "errors",
     "ModelError": "errors",
-    "SamplingParams": "sampling",
-    "Source": "rejection",
-    "Stats": "stats",
-    "TokenInfo": "engine",
+    "SamplingParams": "core.sampling",
+    "Source": "core.rejection",
+    "Stats": "core.stats",
+    "TokenInfo": "runtime.engine",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ import sys
 def main() -> None:
     """Run the ``edgespec`` command line."""
     try:
-        from edgespec.cli import main as cli_main
+        from edgespec.cli.main import main as cli_main
     except KeyboardInterrupt:
         sys.stderr.write("\n[interrupted]\n")
         raise SystemExit(130) from None

@@ -21,7 +21,8 @@ PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if
 def one_setting(model: str, repack: bool, flash: bool, threads: int, long: bool) -> dict:
     import llama_cpp
     import numpy as np
-    from edgespec import backend as B
+
+    from edgespec.runtime import backend as B
 
     orig_m, orig_c = llama_cpp.llama_model_default_params, llama_cpp.llama_context_default_params
 
@@ -58,7 +59,7 @@ if __name__ == "__main__":
     if a.child:
         print(json.dumps(one_setting(a.model, a.child[0] == "1", a.child[1] == "1", a.threads, a.long)))
         sys.exit(0)
-    from edgespec.backend import system_info
+    from edgespec.runtime.backend import system_info
     print("llama.cpp LLAMAFILE =", system_info().get("LLAMAFILE", "?"))
     for tiled, repack, flash in itertools.product(["1", "0"], [True, False], [True, False]):
         env = dict(os.environ, GGML_CPU_TILED_MM=tiled)

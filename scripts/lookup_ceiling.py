@@ -6,7 +6,7 @@ target's cost curve t(n), then replays the answer offline:
 - ``oracle``: a clairvoyant policy that knows how many lookup tokens the target will accept and
   picks the k that maximises that round's tokens per second: an upper bound for any policy that
   drafts with lookup;
-- ``auto``: edgespec's policy (``edgespec.policy.Policy``), learning as it goes;
+- ``auto``: edgespec's policy (``edgespec.core.policy.Policy``), learning as it goes;
 - ``k=4``: lookup with a fixed draft length of 4.
 
 Speedups are predicted from the measured t(n) (greedy acceptance is deterministic, so the replay
@@ -18,10 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec import Engine, SamplingParams, config  # noqa: E402
-from edgespec.bench_prompts import load_prompts  # noqa: E402
-from edgespec.costs import CostCurve, measure_target_curve  # noqa: E402
-from edgespec.lookup import find_continuation, matched_prefix as matched  # noqa: E402
-from edgespec.policy import Policy  # noqa: E402
+from edgespec.bench.prompts import load_prompts  # noqa: E402
+from edgespec.core.costs import CostCurve, measure_target_curve  # noqa: E402
+from edgespec.core.lookup import find_continuation  # noqa: E402
+from edgespec.core.lookup import matched_prefix as matched
+from edgespec.core.policy import Policy  # noqa: E402
 
 NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 

@@ -3,7 +3,7 @@
 :class:`FakeLM` implements the backend surface the loop, the drafters and the engine use
 (``n_ctx``, ``n_vocab``, ``tokens``, ``sync``, ``decode``, ``tokenize``, ``chat_prompt``,
 ``token_bytes``, ``is_eog``, ``close``), with the semantics of
-:class:`edgespec.backend.LlamaBackend`: ``tokens`` mirrors the KV cache, ``sync`` trims it to the
+:class:`edgespec.runtime.backend.LlamaBackend`: ``tokens`` mirrors the KV cache, ``sync`` trims it to the
 longest common prefix, ``decode`` appends and raises past ``n_ctx``.
 
 Its logits come from a *table*: a deterministic function of the whole prefix in the fake's own
@@ -139,7 +139,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class FakeLM:
-    """A scripted fake of :class:`edgespec.backend.LlamaBackend` (see the module docstring)."""
+    """A scripted fake of :class:`edgespec.runtime.backend.LlamaBackend` (see the module docstring)."""
 
     def __init__(self, table: LogitTable, *, n_ctx: int = 256, vocab: Sequence[bytes] | None = None,
                  eog: Iterable[int] = (), bos: int | None = None) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from edgespec import verify
-from edgespec.sampling import SamplingParams
+from edgespec.bench import verify
+from edgespec.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 first_divergence = verify.first_divergence
 
-#: The fast kernels' measured batch-shape noise in logits (edgespec.verify documents it).
+#: The fast kernels' measured batch-shape noise in logits (edgespec.bench.verify documents it).
 FAST_KERNEL_NOISE = verify.FAST_KERNEL_NOISE
 
 

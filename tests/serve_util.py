@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.server.app import ServerSettings, create_app
 from edgespec.server.run import bind_socket, make_server, url_of
 

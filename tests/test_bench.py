@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec import bench_cli
-from edgespec.bench import (
+from edgespec.bench.prompts import (
+    BenchPrompt,
+    code_blocks,
+    load_prompts,
+    long_prompt,
+    select_prompts,
+)
+from edgespec.bench.reference import _Recorder, measure
+from edgespec.bench.run import (
     Config,
     EdgespecRunner,
     Measurement,
@@ -26,17 +33,10 @@ from edgespec.bench import (
     plan_runs,
     rotate,
 )
-from edgespec.bench_prompts import (
-    BenchPrompt,
-    code_blocks,
-    load_prompts,
-    long_prompt,
-    select_prompts,
-)
-from edgespec.bench_reference import _Recorder, measure
-from edgespec.cli import cli
-from edgespec.engine import Engine
+from edgespec.cli import bench as bench_cli
+from edgespec.cli.main import cli
 from edgespec.errors import ConfigError, ModelError
+from edgespec.runtime.engine import Engine
 
 from .fakes import pair
 
@@ -150,8 +150,8 @@ def test_plan_interleaves_configurations_and_rotates_their_order_each_repeat():
 
 
 def test_the_draft_cache_is_primed_before_each_prompt_so_no_run_pays_its_prefill():
-    from edgespec.bench import Runners, execute
-    from edgespec.sampling import SamplingParams
+    from edgespec.bench.run import Runners, execute
+    from edgespec.core.sampling import SamplingParams
 
     target, draft = pair(16, n_ctx=512)
     engine = Engine(target, draft, drafter="hybrid")
@@ -304,7 +304,7 @@ def fake_bench(monkeypatch, tmp_path):
     target, draft = pair(16, n_ctx=512, draft="perturbed")
     engine = Engine(target, draft, drafter="hybrid")
     monkeypatch.setattr(bench_cli, "_load", lambda opts: contextlib.nullcontext(engine))
-    monkeypatch.setattr("edgespec.bench_reference.ReferenceRunner", FakeReference)
+    monkeypatch.setattr("edgespec.bench.reference.ReferenceRunner", FakeReference)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         '{"id": "e1", "kind": "edit", "prompt": "abcabcabcabcabc abcabcabc"}\n'
@@ -351,7 +351,7 @@ def test_bench_prints_tables_and_writes_json_and_plot(fake_bench):
 
 def test_auto_is_skipped_with_a_reason_when_it_cannot_run(fake_bench, monkeypatch):
     invoke, tmp = fake_bench
-    monkeypatch.setattr("edgespec.drafters.DRAFTER_NAMES", ("none", "lookup", "model", "hybrid"))
+    monkeypatch.setattr("edgespec.runtime.drafters.DRAFTER_NAMES", ("none", "lookup", "model", "hybrid"))
     res = invoke("--drafters", "none,auto", "-n", "4", "--repeats", "1", "--no-warmup")
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp / "r.json").read_text())
@@ -418,7 +418,7 @@ def test_bad_prompt_file_is_a_user_error(tmp_path):
 
 
 class StubCosts:
-    """Stands in for edgespec.costs: t(n) = 10 ms + 5 ms per extra token; drafts cost 2 ms."""
+    """Stands in for edgespec.core.costs: t(n) = 10 ms + 5 ms per extra token; drafts cost 2 ms."""
 
     @staticmethod
     def measure_target_curve(backend, ns, repeats=1):
@@ -434,11 +434,11 @@ class StubCosts:
 
 
 def test_sweep_table(monkeypatch):
-    from edgespec.bench import run_sweep
-    from edgespec.bench_report import print_sweep
+    from edgespec.bench.report import print_sweep
+    from edgespec.bench.run import run_sweep
 
-    monkeypatch.setitem(sys.modules, "edgespec.costs", StubCosts)
-    monkeypatch.setattr("edgespec.costs", StubCosts, raising=False)
+    monkeypatch.setitem(sys.modules, "edgespec.core.costs", StubCosts)
+    monkeypatch.setattr("edgespec.core.costs", StubCosts, raising=False)
     target, draft = pair(16)
     sweep = run_sweep(Engine(target, draft, drafter="hybrid"), sizes=(1, 2, 4), repeats=1)
     rows = {r["k"]: r for r in sweep["rows"]}
@@ -475,7 +475,7 @@ def _gguf(tmp_path, kvs) -> Path:
 
 
 def test_gguf_metadata_and_kv_cache_size(tmp_path):
-    from edgespec.bench_memory import kv_cache_bytes, read_gguf_metadata
+    from edgespec.bench.memory import kv_cache_bytes, read_gguf_metadata
 
     path = _gguf(tmp_path, [
         ("general.architecture", 8, "llama"),
@@ -498,7 +498,7 @@ def test_gguf_metadata_and_kv_cache_size(tmp_path):
 
 
 def test_plot_has_a_panel_for_auto_draft_lengths_and_the_sweep(tmp_path):
-    from edgespec.bench_report import write_plot
+    from edgespec.bench.report import write_plot
 
     runs = [run("a", "none", 10), dict(run("a", "auto", 20), draft_length_hist={"0": 3, "6": 5})]
     sweep = {"rows": [{"k": 1, "t": 0.01, "t_per_token": 0.01}, {"k": 4, "t": 0.02, "t_per_token": 0.005}],
@@ -509,3 +509,28 @@ def test_plot_has_a_panel_for_auto_draft_lengths_and_the_sweep(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert write_plot({"aggregates": aggregate([run("a", "none", 10)]), "machine": {}},
                       tmp_path / "q.png") is None  # nothing to compare
+
+
+def test_overhead_runs_the_real_loop_on_a_synthetic_model_and_writes_json(tmp_path):
+    from edgespec.cli.main import cli
+
+    out = tmp_path / "overhead.json"
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "2000", "-r", "1",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["vocab"] == 2000
+    rows = doc["overhead"]
+    # every drafter at k=4 and 16 (none once), at greedy, t0.8 and each truncation
+    want = {(d, k, s) for d in ("lookup", "model", "hybrid", "auto") for k in (4, 16)
+            for s in ("greedy", "t0.8", "t0.8-top_k40", "t0.8-top_p0.95", "t0.8-min_p0.05")}
+    want |= {("none", 0, s) for _, _, s in want}
+    assert {(r["drafter"], r["k"], r["sampling"]) for r in rows} == want
+    for r in rows:
+        assert r["tokens"] >= 192 and r["us_per_token"] > 0
+        assert r["us_per_round"] >= r["us_per_token"] * 0.99  # a round emits >= 1 token
+    by = {(r["drafter"], r["k"], r["sampling"]): r for r in rows}
+    # the synthetic text repeats: lookup and the noisy draft model get drafts accepted
+    assert by[("lookup", 16, "greedy")]["tokens"] > 1.5 * by[("lookup", 16, "greedy")]["rounds"]
+    assert by[("model", 4, "greedy")]["tokens"] > 1.5 * by[("model", 4, "greedy")]["rounds"]
+    assert "µs/token" in res.output

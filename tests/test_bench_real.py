@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.bench_memory import kv_cache_bytes, read_gguf_metadata, run_memory_scenario
+from edgespec.bench.memory import (
+    kv_cache_bytes,
+    read_gguf_metadata,
+    run_memory_scenario,
+)
 
 pytestmark = pytest.mark.real
 
@@ -28,7 +32,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from edgespec.catalog import resolve_model, resolve_pair
+    from edgespec.models.catalog import resolve_pair
+    from edgespec.models.resolve import resolve_model
 
     return resolve_model(resolve_pair("tiny").target, progress=False)
 

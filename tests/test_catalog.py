@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.catalog import (
+from edgespec.errors import ConfigError, ModelError
+from edgespec.models.catalog import (
     HfSource,
     LocalSource,
     PypiSource,
@@ -16,10 +17,9 @@ from edgespec.catalog import (
     expand_path,
     load_catalog,
     looks_like_path,
-    resolve_model,
     resolve_pair,
 )
-from edgespec.errors import ConfigError, ModelError
+from edgespec.models.resolve import resolve_model
 
 REPO_CATALOG = Path(__file__).resolve().parents[1] / "models" / "catalog.toml"
 TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
@@ -248,7 +248,7 @@ def test_resolve_without_download_not_cached():
 
 
 def test_resolve_catalog_name_from_local_source(tmp_path, monkeypatch):
-    from edgespec import download
+    from edgespec.models import download
 
     data = b"tiny gguf" * 100
     (tmp_path / "m.gguf").write_bytes(data)

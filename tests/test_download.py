@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec import download as dl
-from edgespec.catalog import load_catalog, resolve_model
-from edgespec.cli_models import models as models_cli
+from edgespec.cli.models import models as models_cli
 from edgespec.errors import DownloadError
+from edgespec.models import download as dl
+from edgespec.models.catalog import load_catalog
+from edgespec.models.resolve import resolve_model
 
 Fake = namedtuple("Fake", "name file data sha parts")
 

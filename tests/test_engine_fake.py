@@ -13,10 +13,10 @@ import json
 import pytest
 
 from edgespec import config
-from edgespec.engine import Completion, Engine, EngineBusyError
+from edgespec.core.rejection import Source
+from edgespec.core.sampling import SamplingParams
 from edgespec.errors import ConfigError, ContextOverflowError
-from edgespec.rejection import Source
-from edgespec.sampling import SamplingParams
+from edgespec.runtime.engine import Completion, Engine, EngineBusyError
 
 from .fakes import FakeLM, Perturbed, Scripted, Table
 

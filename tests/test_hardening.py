@@ -32,11 +32,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec import backend
-from edgespec.cli import cli
-from edgespec.engine import Engine, EngineBusyError
+from edgespec.cli.main import cli
+from edgespec.core.sampling import SamplingParams
 from edgespec.errors import ConfigError, ContextOverflowError, ModelError
-from edgespec.sampling import SamplingParams
+from edgespec.runtime import backend
+from edgespec.runtime.engine import Engine, EngineBusyError
 
 from .real_util import GREEDY, ids
 
@@ -71,7 +71,7 @@ def assert_user_error(res: subprocess.CompletedProcess, code: int, *fragments: s
 
 
 def model_path(name: str) -> Path:
-    from edgespec.catalog import resolve_model
+    from edgespec.models.resolve import resolve_model
 
     try:
         return resolve_model(name, download=False, progress=False)
@@ -535,7 +535,7 @@ def test_ctrl_c_in_json_mode_in_process(monkeypatch):
             gen.close()
 
     monkeypatch.setattr(engine, "stream", stream)
-    monkeypatch.setattr("edgespec.cli.load_engine", lambda opts, progress=True: engine)
+    monkeypatch.setattr("edgespec.cli.main.load_engine", lambda opts, progress=True: engine)
     res = CliRunner().invoke(cli, ["complete", "hi", "--raw", "--json", "--stats"])
     assert res.exit_code == 130
     data = json.loads(res.stdout)
@@ -656,8 +656,8 @@ from .test_download import FAKE_A, env, leftovers, two_models  # noqa: E402,F401
 _KILLED_DOWNLOAD = """
 import shutil, sys, time
 from pathlib import Path
-from edgespec import download as dl
-from edgespec.catalog import load_catalog
+from edgespec.models import download as dl
+from edgespec.models.catalog import load_catalog
 
 wheels, calls = Path(sys.argv[1]), []
 
@@ -679,8 +679,9 @@ def test_download_killed_mid_way_starts_over_and_never_uses_the_partial(
     """A download process killed outright (no cleanup at all) leaves a partial file and holds
     the lock; the next run must not use the partial, must get the lock, fetch the file again
     and verify it, and leave nothing behind."""
-    from edgespec import download as dl
-    from edgespec.catalog import load_catalog, resolve_model
+    from edgespec.models import download as dl
+    from edgespec.models.catalog import load_catalog
+    from edgespec.models.resolve import resolve_model
 
     a, _ = two_models
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_DOWNLOAD, str(env.wheels), FAKE_A],

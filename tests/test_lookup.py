@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from edgespec.drafters import LookupDrafter
+from edgespec.core.lookup import LookupMatch, NgramIndex, find_continuation
+from edgespec.core.sampling import SamplingParams, make_rng
 from edgespec.errors import ConfigError
-from edgespec.lookup import LookupMatch, find_continuation
-from edgespec.sampling import SamplingParams, make_rng
+from edgespec.runtime.drafters import LookupDrafter
 
 
 def find(tokens, max_ngram=4, min_ngram=1, max_tokens=8):
@@ -102,3 +104,24 @@ def test_lookup_drafter_proposes_one_hot_drafts():
 def test_lookup_drafter_rejects_bad_ngram_sizes(max_ngram, min_ngram):
     with pytest.raises(ConfigError):
         LookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=80), st.integers(1, 4),
+       st.integers(1, 6), st.integers(0, 6))
+def test_ngram_index_equals_find_continuation(tokens, min_ngram, extra, max_tokens):
+    """The incremental index answers like the reference at every length the list grows
+    through, and rebuilds for another (or a shorter) list."""
+    max_ngram = min_ngram + extra
+    index = NgramIndex(max_ngram, min_ngram)
+    live: list[int] = []
+    steps = [tokens[:i] for i in range(0, len(tokens) + 1, 3)] + [tokens]
+    for target in steps:
+        live.extend(target[len(live):])
+        want = find_continuation(live, max_ngram=max_ngram, min_ngram=min_ngram,
+                                 max_tokens=max_tokens)
+        assert index.find(live, max_tokens) == want
+    other = list(tokens[: len(tokens) // 2])
+    want = find_continuation(other, max_ngram=max_ngram, min_ngram=min_ngram,
+                             max_tokens=max_tokens)
+    assert index.find(other, max_tokens) == want

@@ -13,12 +13,12 @@ from itertools import product
 import numpy as np
 import pytest
 
-from edgespec import loop
-from edgespec.drafters import AutoDrafter, Draft, make_drafter
-from edgespec.loop import prefill, rounds
-from edgespec.rejection import Source
-from edgespec.sampling import SamplingParams, make_rng, process
-from edgespec.stats import Stats
+from edgespec.core.rejection import Source
+from edgespec.core.sampling import SamplingParams, make_rng, process
+from edgespec.core.stats import Stats
+from edgespec.runtime import loop
+from edgespec.runtime.drafters import AutoDrafter, Draft, make_drafter
+from edgespec.runtime.loop import prefill, rounds
 
 from .fakes import FakeLM, LogitTable, Perturbed, Table, common_prefix, pair
 from .stats_util import ALPHA, chi2_pvalue
@@ -408,16 +408,16 @@ GPU_LIKE = {1: 0.010, 4: 0.011, 16: 0.014}  # scoring is nearly free: auto draft
 @pytest.fixture
 def frozen_costs(monkeypatch):
     """Costs that do not follow the wall clock, so auto's choices are reproducible."""
-    from edgespec.costs import CostCurve
-    from edgespec.policy import CostEstimate
+    from edgespec.core.costs import CostCurve
+    from edgespec.core.policy import CostEstimate
 
     monkeypatch.setattr(CostCurve, "observe", lambda self, n, s: None)
     monkeypatch.setattr(CostEstimate, "observe", lambda self, s: None)
 
 
 def _auto(draft, n_vocab, curve=GPU_LIKE, draft_cost=0.002):
-    from edgespec.costs import CostCurve
-    from edgespec.policy import CostEstimate, Policy
+    from edgespec.core.costs import CostCurve
+    from edgespec.core.policy import CostEstimate, Policy
 
     policy = Policy(CostCurve(dict(curve)), CostEstimate(draft_cost) if draft is not None else None)
     return make_drafter("auto", draft, n_vocab, policy=policy)

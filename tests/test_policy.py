@@ -4,10 +4,15 @@ import math
 
 import pytest
 
-from edgespec.costs import CostCurve, break_even_acceptance, expected_tokens, measure_target_curve
-from edgespec.drafters import AutoDrafter, LookupDrafter, Outcome
-from edgespec.policy import PROBE_SLACK, AcceptanceEstimate, CostEstimate, Policy
-from edgespec.sampling import SamplingParams, make_rng
+from edgespec.core.costs import (
+    CostCurve,
+    break_even_acceptance,
+    expected_tokens,
+    measure_target_curve,
+)
+from edgespec.core.policy import PROBE_SLACK, AcceptanceEstimate, CostEstimate, Policy
+from edgespec.core.sampling import SamplingParams, make_rng
+from edgespec.runtime.drafters import AutoDrafter, LookupDrafter, Outcome
 
 from .fakes import FakeLM, Table
 

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from edgespec.core.lookup import LookupMatch, find_continuation, matched_prefix
+from edgespec.core.rejection import Source, residual, verify
+from edgespec.core.sampling import SamplingParams, make_rng, process, sample
 from edgespec.errors import LogitsError
-from edgespec.drafters import LookupDrafter, ModelDrafter
-from edgespec.lookup import LookupMatch, find_continuation, matched_prefix
-from edgespec.rejection import Source, residual, verify
-from edgespec.sampling import SamplingParams, make_rng, process, sample
+from edgespec.runtime.drafters import LookupDrafter, ModelDrafter
 
 PROPS = settings(max_examples=100, deadline=None, derandomize=True)
 FEW = settings(max_examples=40, deadline=None, derandomize=True)

@@ -13,12 +13,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from edgespec.backend import consistent_build
-from edgespec.costs import CostCurve
-from edgespec.engine import Costs, Engine
+from edgespec.core.costs import CostCurve
+from edgespec.core.policy import CostEstimate
+from edgespec.core.sampling import SamplingParams, process
 from edgespec.errors import IncompatibleDraftError
-from edgespec.policy import CostEstimate
-from edgespec.sampling import SamplingParams, process
+from edgespec.runtime.backend import consistent_build
+from edgespec.runtime.engine import Costs, Engine
 
 from .real_util import FAST_KERNEL_NOISE, GREEDY, first_divergence, ids, top2_gap
 from .stats_util import ALPHA, chi2_pvalue
@@ -64,8 +64,9 @@ PROMPTS = {
     # copy-heavy code edit: most of the answer is in the prompt
     "edit": "Add type hints to every function in this Python code. Reply with the full code only."
             "\n\n" + CODE,
-    # free code generation
-    "free": "Write a Python function that reverses a linked list",
+    # free code generation (asked for enough that any CPU's greedy answer runs past 256 tokens)
+    "free": "Write a Python function that reverses a linked list, then explain it step by step "
+            "and give unit tests.",
     # plain prose
     "prose": "Explain in detail how a hash map works, with an example.",
 }
@@ -153,7 +154,7 @@ def test_fast_kernels_diverge_only_at_near_ties(default_engine):
 
 
 def test_incompatible_draft_is_refused_before_generating():
-    from edgespec.catalog import resolve_model
+    from edgespec.models.resolve import resolve_model
 
     tiny = resolve_model("smollm2-135m-instruct-q4_1", progress=False)
     with pytest.raises(IncompatibleDraftError, match="vocabulary sizes differ|tokenizer types"):

@@ -15,9 +15,9 @@ from itertools import product
 import numpy as np
 import pytest
 
-from edgespec import rejection
-from edgespec.rejection import Source, residual, verify
-from edgespec.sampling import SamplingParams, make_rng, process, sample
+from edgespec.core import rejection
+from edgespec.core.rejection import Source, residual, verify
+from edgespec.core.sampling import SamplingParams, make_rng, process, sample
 
 from .stats_util import ALPHA, chi2_pvalue
 

@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from edgespec.core.sampling import SamplingParams, make_rng, process, sample
 from edgespec.errors import ConfigError
-from edgespec.sampling import SamplingParams, make_rng, process, sample
 
 from .stats_util import ALPHA, chi2_pvalue
 

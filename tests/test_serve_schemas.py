@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from edgespec.sampling import SamplingParams
+from edgespec.core.sampling import SamplingParams
 from edgespec.server.errors import APIError
 from edgespec.server.schemas import (
     ChatCompletionRequest,

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from edgespec.engine import Chunk
+from edgespec.core.stats import Stats
 from edgespec.errors import ConfigError
+from edgespec.runtime.engine import Chunk
 from edgespec.server.worker import (
     InternalError,
     Job,
@@ -18,7 +19,6 @@ from edgespec.server.worker import (
     ShuttingDownError,
     Worker,
 )
-from edgespec.stats import Stats
 
 
 class Script:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.textstream import TextStream
+from edgespec.core.textstream import TextStream
 
 
 def feed(stream: TextStream, pieces) -> list[str]:

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from rich.console import Console
 from textual.widgets import LoadingIndicator, Markdown
 
-from edgespec.cli import cli
+from edgespec.cli.main import cli
+from edgespec.core.rejection import Source
+from edgespec.core.sampling import SamplingParams
 from edgespec.errors import ModelError
-from edgespec.rejection import Source
-from edgespec.sampling import SamplingParams
 from tui.app import ChatApp, ChatSettings
 from tui.screens import HelpScreen
 from tui.widgets import AssistantMessage, NoteMessage, UserMessage

@@ -12,9 +12,9 @@ import asyncio
 import threading
 import time
 
-from edgespec.engine import Engine
-from edgespec.rejection import Source
-from edgespec.sampling import SamplingParams
+from edgespec.core.rejection import Source
+from edgespec.core.sampling import SamplingParams
+from edgespec.runtime.engine import Engine
 
 from .fakes import FakeLM, Perturbed, Table
 

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.sampling import SamplingParams
+from edgespec.core.sampling import SamplingParams
 from tui.app import ChatApp, ChatSettings
 
-from .test_tui_helpers import drive, panel_text, type_and_send, until_answered, until_ready
+from .test_tui_helpers import (
+    drive,
+    panel_text,
+    type_and_send,
+    until_answered,
+    until_ready,
+)
 
 pytestmark = pytest.mark.real
 
@@ -28,7 +34,7 @@ QUESTION = "What is a linked list?"
 def tiny_engine_1thread():
     """The tiny pair on one thread: llama.cpp's threads spin-wait, and on a busy 2-core machine
     two of them can be 100x slower than one (this test times nothing against a reference)."""
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     with Engine.load(pair="tiny", drafter="model", n_ctx=2048, n_threads=1, progress=False) as engine:
         yield engine
@@ -113,7 +119,7 @@ class Tmux:
 
 def edgespec_command() -> str:
     script = Path(sys.executable).with_name("edgespec")
-    return str(script) if script.exists() else f"{sys.executable} -m edgespec.cli"
+    return str(script) if script.exists() else f"{sys.executable} -m edgespec"
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")

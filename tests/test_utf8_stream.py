@@ -25,11 +25,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.rejection import Source
-from edgespec.sampling import SamplingParams
-from edgespec.textstream import TextStream
+from edgespec.core.rejection import Source
+from edgespec.core.sampling import SamplingParams
+from edgespec.core.textstream import TextStream
 
-from .test_engine_fake import EOG, UTF8_SCRIPT, VOCAB, build, complete, ids, prompt_len, stream
+from .test_engine_fake import (
+    EOG,
+    UTF8_SCRIPT,
+    VOCAB,
+    build,
+    complete,
+    ids,
+    prompt_len,
+    stream,
+)
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -286,7 +295,9 @@ def test_tiny_greedy_stream_is_exact_utf8_for_every_drafter(tiny_engine, case):
     engine = tiny_engine
     assert split_in_prompt(engine, prompt) > 0  # the tokenizer splits it
     ref = engine.complete(prompt, chat=False, max_tokens=30, sampling=GREEDY, drafter="none")
-    assert ref.text.startswith(copied)  # the model copies: the split characters are generated
+    # The model copies (whether it first writes "Repeat: " depends on the CPU's kernels): the
+    # split characters are generated, not only in the prompt.
+    assert copied in ref.text
     for drafter in ("lookup", "model", "hybrid"):
         chunks = stream_chunks(engine, prompt, max_tokens=30, sampling=GREEDY, drafter=drafter)
         check_stream(chunks, engine.target.token_bytes)
@@ -365,7 +376,7 @@ def test_default_pair_streams_rare_characters_exactly(default_engine):
             check_stream(chunks, engine.target.token_bytes)
             assert inner_boundaries(token_pieces(engine, chunks)) > 0, case
             if params is GREEDY:
-                assert "".join(c.text for c in chunks).startswith(copied), case
+                assert copied in "".join(c.text for c in chunks), case
                 if case == "emoji-mix":
                     assert corrections_inside_characters(chunks, engine.target.token_bytes) >= 1
 

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec import loop, rejection
-from edgespec.cli import cli
-from edgespec.rejection import Source, Verdict
-from edgespec.sampling import SamplingParams
-from edgespec.verify import tv_distance, tv_test, verify_greedy, verify_sampling
-from edgespec.verify_cli import FAILED_EXIT
+from edgespec.bench.verify import tv_distance, tv_test, verify_greedy, verify_sampling
+from edgespec.cli.main import cli
+from edgespec.cli.verify import FAILED_EXIT
+from edgespec.core import rejection
+from edgespec.core.dist import as_dist
+from edgespec.core.rejection import Source, Verdict
+from edgespec.core.sampling import SamplingParams
+from edgespec.runtime import loop
 
 
 def _sample(p: list[float], n: int, rng: np.random.Generator) -> Counter:
@@ -81,7 +83,7 @@ def test_bad_options_are_refused_before_loading(args, message, monkeypatch):
     def no_loading(*a, **k):
         raise AssertionError("models loaded before the options were checked")
 
-    monkeypatch.setattr("edgespec.cli.load_engine", no_loading)
+    monkeypatch.setattr("edgespec.cli.options.load_engine", no_loading)
     res = CliRunner().invoke(cli, ["verify", *args])
     assert res.exit_code == 2, res.output
     assert message in res.output
@@ -96,7 +98,7 @@ def _accept_everything(draft_tokens, q_draft, p_target, rng):
     k = len(draft_tokens)
     if k == 0:
         return rejection.verify(draft_tokens, q_draft, p_target, rng)
-    return Verdict(k, rejection.sample(p_target[k], rng), Source.BONUS)
+    return Verdict(k, as_dist(p_target[k]).sample(rng), Source.BONUS)
 
 
 @pytest.mark.real

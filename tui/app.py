@@ -29,17 +29,22 @@ from textual.widgets import Footer, Header, Input, LoadingIndicator, Static
 from textual.worker import get_current_worker
 
 from edgespec import config
-from edgespec.drafters import DRAFTER_NAMES
+from edgespec.core.sampling import SamplingParams
+from edgespec.core.stats import Stats
 from edgespec.errors import ConfigError, ContextOverflowError, EdgespecError
-from edgespec.sampling import SamplingParams
-from edgespec.stats import Stats
-
-from .conversation import Conversation, default_save_stem, short_meta
-from .screens import HelpScreen
-from .speed import DEFAULT_CALIBRATION_TOKENS, Baseline, RollingRate, baseline_from_turn, calibrate
-from .widgets import AssistantMessage, NoteMessage, StatsPanel, UserMessage
-from .widgets.prompt import ChatInput
-from .widgets.stats_panel import TurnView, fmt_k
+from edgespec.runtime.drafters import DRAFTER_NAMES
+from tui.conversation import Conversation, default_save_stem, short_meta
+from tui.screens import HelpScreen
+from tui.speed import (
+    DEFAULT_CALIBRATION_TOKENS,
+    Baseline,
+    RollingRate,
+    baseline_from_turn,
+    calibrate,
+)
+from tui.widgets import AssistantMessage, NoteMessage, StatsPanel, UserMessage
+from tui.widgets.prompt import ChatInput
+from tui.widgets.stats_panel import TurnView, fmt_k
 
 #: Order in which ctrl+d cycles the drafter.
 DRAFTER_CYCLE = ("auto", "hybrid", "model", "lookup", "none")

@@ -82,7 +82,7 @@ class Conversation:
 
 def describe(meta: dict[str, Any]) -> str:
     """``hybrid, k=4, temp 0 · 52 tok, 31.0 tok/s, 2.10x vs target-only · stopped``."""
-    from .widgets.stats_panel import fmt_k
+    from tui.widgets.stats_panel import fmt_k
 
     drafter = meta.get("drafter") or "auto"
     parts = [f"{drafter}, k={fmt_k(meta.get('draft_length'), drafter)}, temp {meta.get('temperature'):g}"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from edgespec.sampling import SamplingParams
-from edgespec.stats import Stats
+from edgespec.core.sampling import SamplingParams
+from edgespec.core.stats import Stats
 
 #: A fixed, neutral prompt whose greedy answer is long enough for the calibration.
 CALIBRATION_PROMPT = "Count from 1 to 100, separated by commas."

@@ -25,18 +25,28 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..engine import Engine
 from ..errors import ContextOverflowError, EdgespecError
-from . import DEFAULT_MAX_QUEUE
-from . import errors
+from ..runtime.engine import Engine
+from . import DEFAULT_MAX_QUEUE, errors
 from .errors import APIError
 from .metrics import Metrics, prometheus_text
 from .responses import DONE, Reply, sse
-from .schemas import ChatCompletionRequest, CompletionRequest, Defaults, parse_body, to_generation
+from .schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Defaults,
+    parse_body,
+    to_generation,
+)
 from .worker import InternalError, Job, Piece, QueueFullError, ShuttingDownError, Worker
 
 log = logging.getLogger("edgespec.server")

@@ -14,7 +14,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from ..stats import Stats
+from ..core.stats import Stats
 
 
 def resident_memory_bytes() -> int:

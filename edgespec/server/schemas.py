@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..config import DEFAULT_MAX_TOKENS
-from ..drafters import check_drafter_name
-from ..engine import validate_draft_length
+from ..core.sampling import SamplingParams
 from ..errors import ConfigError
-from ..sampling import SamplingParams
+from ..runtime.drafters import check_drafter_name
+from ..runtime.engine import validate_draft_length
 from .errors import APIError, bad_request
 
 _STRICT = ConfigDict(strict=True, extra="allow")

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ..engine import Chunk
+from ..core.stats import Stats
 from ..errors import EdgespecError
-from ..stats import Stats
+from ..runtime.engine import Chunk
 
 log = logging.getLogger("edgespec.server")
 

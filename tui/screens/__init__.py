@@ -1,5 +1,5 @@
 """Screens pushed over the chat: help."""
 
-from .help import HelpScreen
+from tui.screens.help import HelpScreen
 
 __all__ = ["HelpScreen"]

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..widgets.message import DRAFT_STYLE
+from tui.widgets.message import DRAFT_STYLE
 
 ABOUT = (
     "A small draft model (or prompt lookup) guesses the next few tokens; the target model "

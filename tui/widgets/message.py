@@ -19,7 +19,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
-from edgespec.rejection import Source
+from edgespec.core.rejection import Source
 
 #: Accepted draft tokens; everything the target produced itself keeps the default colour.
 DRAFT_STYLE = "#5fd75f"

@@ -1,6 +1,6 @@
 """The speculation panel: what the drafter did this turn and what it bought.
 
-Every number comes from the engine's :class:`edgespec.stats.Stats` for the current (or last)
+Every number comes from the engine's :class:`edgespec.core.stats.Stats` for the current (or last)
 turn, except "speed now" (the same counters over the last second of the engine's clock) and the
 target-only baseline (see :mod:`tui.speed`).
 """
@@ -15,10 +15,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from edgespec import config
-from edgespec.stats import Stats
-
-from ..speed import Baseline
-from .message import DRAFT_STYLE
+from edgespec.core.stats import Stats
+from tui.speed import Baseline
+from tui.widgets.message import DRAFT_STYLE
 
 LABEL = 15  # label column width
 VALUE = 17  # value column width

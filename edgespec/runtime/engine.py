@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from . import config
-from .costs import CostCurve, measure_draft_cost, measure_target_curve
+from .. import config
+from ..core.costs import CostCurve, measure_draft_cost, measure_target_curve
+from ..core.policy import CostEstimate, Policy
+from ..core.rejection import Source
+from ..core.sampling import SamplingParams, make_rng
+from ..core.stats import Stats
+from ..core.textstream import TextStream
+from ..errors import ConfigError, ContextOverflowError, EdgespecError
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
-from .policy import CostEstimate, Policy
-from .errors import ConfigError, ContextOverflowError, EdgespecError
 from .loop import prefill, rounds
-from .rejection import Source
-from .sampling import SamplingParams, make_rng
-from .stats import Stats
-from .textstream import TextStream
 
 Prompt = str | Sequence[dict[str, str]]
 
@@ -190,8 +190,9 @@ class Engine:
         DEFAULT_DRAFT_LENGTH). With drafter ``auto`` the costs are measured right after loading
         (:meth:`calibrate`).
         """
+        from ..models.catalog import resolve_pair
+        from ..models.resolve import check_model_argument, resolve_model
         from .backend import LlamaBackend, ModelOptions, check_compatible
-        from .catalog import check_model_argument, resolve_model, resolve_pair
 
         check_drafter_name(drafter)
         validate_draft_length(draft_length)
@@ -322,7 +323,7 @@ class Engine:
         Closing the generator early (``break``, ``.close()``, Ctrl-C) leaves the engine ready
         for the next call.
 
-        Text is exact UTF-8 (:class:`~edgespec.textstream.TextStream`): only committed tokens'
+        Text is exact UTF-8 (:class:`~edgespec.core.textstream.TextStream`): only committed tokens'
         bytes are decoded (never a draft's before it is accepted), and a character split across
         tokens appears with the token that completes it, never as U+FFFD meanwhile. If
         generation ends inside a character (``max_tokens``, an end-of-generation token, a full

@@ -1,6 +1,6 @@
 """``edgespec bench --memory``: peak memory with a long context and a long prompt.
 
-Each side runs in a fresh subprocess (``python -m edgespec.bench_memory``), so one side's
+Each side runs in a fresh subprocess (``python -m edgespec.bench.memory``), so one side's
 allocations cannot hide in another's, and its peak resident set size (``ru_maxrss``, read by the
 parent with ``os.wait4`` for that child alone) is the whole story: model files mapped, KV
 caches, logits buffers, Python. The prompt is raw text (no chat template) of about
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError
 
 SIDES = ("edgespec", "edgespec-none", "llama-cpp-python", "llama-cpp-python-plain")
 DEFAULT_SIDES = ("edgespec", "llama-cpp-python")
@@ -132,7 +132,7 @@ def run_side(side: str, *, target: Path, draft: Path | None, n_ctx: int, prompt_
              max_tokens: int, threads: int, batch_consistent: bool = True,
              timeout: float | None = None) -> dict:
     """Run one side in a fresh Python process; return its report plus its peak RSS."""
-    cmd = [sys.executable, "-m", "edgespec.bench_memory", "--side", side, "--target", str(target),
+    cmd = [sys.executable, "-m", "edgespec.bench.memory", "--side", side, "--target", str(target),
            "--n-ctx", str(n_ctx), "--prompt-tokens", str(prompt_tokens),
            "--max-tokens", str(max_tokens), "--threads", str(threads)]
     if draft is not None:
@@ -213,13 +213,13 @@ def _vm_hwm_mb() -> float | None:
 
 
 def _child(args: argparse.Namespace) -> dict:
-    from .bench_prompts import long_prompt
+    from .prompts import long_prompt
 
     t0 = time.perf_counter()
     if args.side.startswith("edgespec"):
-        from .backend import set_verbose
-        from .drafters import DRAFTER_NAMES
-        from .engine import Engine
+        from ..runtime.backend import set_verbose
+        from ..runtime.drafters import DRAFTER_NAMES
+        from ..runtime.engine import Engine
 
         set_verbose(False)
         if args.side == "edgespec-none" or args.draft is None:
@@ -244,7 +244,7 @@ def _child(args: argparse.Namespace) -> dict:
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        from .bench_reference import N_BATCH, NUM_PRED_TOKENS
+        from .reference import N_BATCH, NUM_PRED_TOKENS
 
         draft = (LlamaPromptLookupDecoding(num_pred_tokens=NUM_PRED_TOKENS)
                  if args.side == "llama-cpp-python" else None)
@@ -271,7 +271,7 @@ def _child(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgespec.bench_memory",
+    ap = argparse.ArgumentParser(prog="python -m edgespec.bench.memory",
                                  description="One side of `edgespec bench --memory` (internal).")
     ap.add_argument("--side", choices=SIDES, required=True)
     ap.add_argument("--target", required=True)

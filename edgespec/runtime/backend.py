@@ -34,7 +34,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, IncompatibleDraftError, ModelError
+from ..core.lookup import common_prefix
+from ..errors import ContextOverflowError, IncompatibleDraftError, ModelError
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
 from llama_cpp import _internals  # noqa: E402
@@ -246,6 +247,19 @@ class LlamaBackend:
             reason = _recent_errors() or "out of memory?"
             raise ModelError(f"failed to create a context of {options.n_ctx} tokens: {reason}") from None
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
+        # NumPy views over the batch's C arrays: filling a batch is a few slice assignments.
+        # Every token is in sequence 0, set once here.
+        nb = options.n_batch
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(nb,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(nb,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(nb,))
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(nb,))[:] = 1
+        for j in range(nb):
+            self._batch.seq_id[j][0] = 0
+        self._positions = np.arange(options.n_ctx + nb, dtype=np.int32)
+        self._view: np.ndarray | None = None
+        self._view_key: tuple[int, int] | None = None
+        self._gather: np.ndarray | None = None
         self._vocab = self._model.vocab
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         # llama.cpp may pad the context and clamp the batch to it: use what it really has,
@@ -284,7 +298,7 @@ class LlamaBackend:
 
     def sync(self, prefix: Sequence[int]) -> int:
         """Trim the KV cache to its longest common prefix with ``prefix``; return its length."""
-        n = _common_prefix(self.tokens, prefix)
+        n = common_prefix(self.tokens, prefix)
         if n < len(self.tokens):
             ok = llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, n, -1)
             if not ok:  # recurrent models cannot drop a suffix: start over
@@ -302,7 +316,9 @@ class LlamaBackend:
         """Append ``tokens`` to the KV cache; return logits of the last ``n_logits`` of them.
 
         The result has shape ``(n_logits, n_vocab)``, float32; row j predicts the token after
-        ``tokens[len(tokens) - n_logits + j]``. Only those rows are computed by llama.cpp.
+        ``tokens[len(tokens) - n_logits + j]``. Only those rows are computed by llama.cpp. It is
+        read-only and only valid until the next ``decode``: when one llama_decode call produced
+        every row, it is llama.cpp's own output buffer (no copy).
         """
         if not 0 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
@@ -311,34 +327,64 @@ class LlamaBackend:
             raise ContextOverflowError(
                 f"{start + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
             )
-        out = np.empty((n_logits, self.n_vocab), dtype=np.float32)
         first_logit = len(tokens) - n_logits
+        spans = self._chunks(len(tokens), first_logit)
+        # one llama_decode call produces every row: hand out llama.cpp's buffer; otherwise
+        # (pieces) gather the rows in a buffer of ours
+        single = sum(c1 > first_logit for _, c1 in spans) == 1
+        out = None if single or not n_logits else self._gather_rows(n_logits)
         try:
-            for c0, c1 in self._chunks(len(tokens), first_logit):
-                chunk = tokens[c0:c1]
-                batch = self._batch
-                batch.n_tokens = len(chunk)
-                for j, tok in enumerate(chunk):
-                    batch.token[j] = tok
-                    batch.pos[j] = start + c0 + j
-                    batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = 0
-                    batch.logits[j] = c0 + j >= first_logit
+            for c0, c1 in spans:
+                m = c1 - c0
+                self._b_token[:m] = tokens[c0:c1]
+                self._b_pos[:m] = self._positions[start + c0:start + c1]
+                wanted = self._b_logits[:m]
+                wanted[:] = 0
+                if c1 > first_logit:
+                    wanted[max(0, first_logit - c0):] = 1
+                self._batch.n_tokens = m
                 t0 = time.perf_counter()
-                rc = llama_cpp.llama_decode(self._ctx.ctx, batch)
+                rc = llama_cpp.llama_decode(self._ctx.ctx, self._batch)
+                # a GPU decode is asynchronous: wait for it here, so that its time counts as
+                # llama.cpp's (and not as whoever first touches the logits)
+                llama_cpp.llama_synchronize(self._ctx.ctx)
                 self.decode_seconds += time.perf_counter() - t0
                 if rc != 0:
                     raise ModelError(f"llama_decode failed with code {rc}")
-                self.tokens.extend(chunk)
-                for j in range(max(0, first_logit - c0), len(chunk)):
-                    ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, j)
-                    out[c0 + j - first_logit] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                self.tokens.extend(tokens[c0:c1])
+                rows = c1 - max(c0, first_logit)
+                if rows > 0:
+                    got = self._logits_view(rows)
+                    if single:
+                        out = got
+                    else:
+                        lo = max(c0, first_logit) - first_logit
+                        out[lo:lo + rows] = got
         except BaseException:
             # Interrupted or failed mid-way: the cache may hold more than `tokens` says.
             # Forget it all; the next sync() re-decodes the prompt. Never silently wrong.
             self.reset()
             raise
+        if out is None:
+            return np.empty((0, self.n_vocab), np.float32)
+        out.flags.writeable = False
         return out
+
+    def _logits_view(self, rows: int) -> np.ndarray:
+        """llama.cpp's logits of the last call, ``(rows, n_vocab)``, without a copy."""
+        ptr = llama_cpp.llama_get_logits(self._ctx.ctx)
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        key = (addr, rows)
+        if self._view_key != key:
+            view = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+            view.flags.writeable = False
+            self._view, self._view_key = view, key
+        return self._view
+
+    def _gather_rows(self, n: int) -> np.ndarray:
+        if self._gather is None or self._gather.shape[0] < n:
+            self._gather = np.empty((max(n, 8), self.n_vocab), np.float32)
+        return self._gather[:n]  # a new view each time: writeable until handed out
 
     def _chunks(self, n: int, first_logit: int) -> list[tuple[int, int]]:
         """Split a decode into llama_decode calls: tokens without logits (prefill) in batches of
@@ -405,16 +451,6 @@ class LlamaBackend:
         )
         return formatter(messages=messages).prompt
 
-
-
-def _common_prefix(a: list[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(b[:n]) == a[:n]:  # the usual case each round, compared at C speed
-        return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
 
 
 def check_compatible(target: LlamaBackend, draft: LlamaBackend) -> None:

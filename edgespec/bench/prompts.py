@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 KINDS = ("edit", "code", "chat")
-BUILTIN_PROMPTS = Path(__file__).with_name("data") / "bench_prompts.jsonl"
+BUILTIN_PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
 
 _FIELDS = {"id", "kind", "prompt", "messages", "max_tokens", "raw"}
 _ROLES = {"system", "user", "assistant"}

@@ -48,6 +48,41 @@ def find_continuation(
     return None
 
 
+class NgramIndex:
+    """:func:`find_continuation` in O(new tokens) per call instead of O(context).
+
+    For every n-gram size it keeps a dict from each n-gram to where the continuation of its
+    most recent occurrence starts. The index follows one growing token list (the loop's
+    committed tokens, extended in place); given another list, or a shorter one, it rebuilds.
+    """
+
+    def __init__(self, max_ngram: int, min_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._source: object = None
+        self._done = 0  #: continuation starts < _done are indexed
+        self._maps: dict[int, dict[tuple[int, ...], int]] = {}
+
+    def find(self, tokens: list[int], max_tokens: int) -> LookupMatch | None:
+        """The same answer as ``find_continuation(tokens, ...)``."""
+        if max_tokens <= 0 or self.min_ngram < 1:
+            return None
+        n_tok = len(tokens)
+        if tokens is not self._source or n_tok < self._done:
+            self._source, self._done = tokens, 0
+            self._maps = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        # a window is a candidate if at least one token follows it: starts s <= n_tok - 1
+        for n, grams in self._maps.items():
+            for s in range(max(self._done, n), n_tok):
+                grams[tuple(tokens[s - n:s])] = s
+        self._done = n_tok
+        for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
+            s = self._maps[n].get(tuple(tokens[n_tok - n:]))
+            if s is not None:
+                return LookupMatch(tokens[s:s + max_tokens], n)
+        return None
+
+
 def matched_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
     """How many leading tokens of ``proposal`` equal ``actual`` (the accepted run of a one-hot
     draft under greedy decoding, or its shadow comparison)."""
@@ -57,3 +92,14 @@ def matched_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def common_prefix(a: list[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (a KV cache and a wanted prefix)."""
+    n = min(len(a), len(b))
+    if list(b[:n]) == a[:n]:  # the usual case each round, compared at C speed
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i

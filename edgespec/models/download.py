@@ -29,9 +29,15 @@ from typing import BinaryIO, Callable, Iterator
 
 from tqdm import tqdm
 
-from edgespec.catalog import HfSource, LocalSource, ModelEntry, PypiSource, Source
 from edgespec.config import cache_dir
 from edgespec.errors import DownloadError
+from edgespec.models.catalog import (
+    HfSource,
+    LocalSource,
+    ModelEntry,
+    PypiSource,
+    Source,
+)
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ one-hot proposal). The target then verifies them all in one batched call.
 - ``hybrid``: lookup when it finds a match, else the draft model.
 - ``auto``: each round, whichever of plain decoding, lookup or the draft model (and how many
   tokens) maximises the expected tokens per second under the measured costs (see
-  :mod:`edgespec.policy`).
+  :mod:`edgespec.core.policy`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
-from .errors import ConfigError
-from .lookup import find_continuation, matched_prefix
-from .sampling import SamplingParams, process, sample
+from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from ..core.lookup import NgramIndex, find_continuation, matched_prefix
+from ..core.dist import AnyDist
+from ..core.sampling import SamplingParams, distribution
+from ..errors import ConfigError
 
 DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
 
@@ -37,13 +38,13 @@ class Draft:
     """Proposed tokens, the distributions they were drawn from, and who proposed them."""
 
     tokens: list[int] = field(default_factory=list)
-    q: list[np.ndarray | None] = field(default_factory=list)
+    q: list[AnyDist | None] = field(default_factory=list)
     source: str = "none"
     ngram: int = 0  #: for lookup: length of the matched n-gram
 
 
 class DraftModel(Protocol):
-    """What the model drafter needs from a backend (see :class:`edgespec.backend.LlamaBackend`)."""
+    """What the model drafter needs from a backend (see :class:`edgespec.runtime.backend.LlamaBackend`)."""
 
     n_ctx: int
     tokens: list[int]
@@ -96,11 +97,15 @@ class LookupDrafter:
             )
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self._index = NgramIndex(max_ngram, min_ngram)
 
     def propose(self, context, k, params, rng) -> Draft:
-        match = find_continuation(
-            context, max_ngram=self.max_ngram, min_ngram=self.min_ngram, max_tokens=k
-        )
+        if isinstance(context, list):  # the loop's growing list: indexed incrementally
+            match = self._index.find(context, k)
+        else:
+            match = find_continuation(
+                context, max_ngram=self.max_ngram, min_ngram=self.min_ngram, max_tokens=k
+            )
         if match is None or not match.tokens:
             return Draft(source="lookup")
         return Draft(match.tokens, [None] * len(match.tokens), "lookup", match.ngram)
@@ -132,12 +137,13 @@ class ModelDrafter:
             n_cached -= 1
         logits = self.model.decode(context[n_cached:], 1)[0]
         for i in range(k):
-            logits = self._to_target_vocab(logits)
+            if logits.size > self.n_vocab:  # padding rows past the target's vocabulary
+                logits = logits[: self.n_vocab]
             if params.greedy:  # q is one-hot on the arg-max (lowest id on ties, as in process)
                 x, q = int(np.argmax(logits)), None
-            else:
-                q = process(logits, params)
-                x = sample(q, rng)
+            else:  # (a copy: the row itself is overwritten by the next draft decode)
+                q = distribution(logits, params, self.n_vocab)
+                x = q.sample(rng)
             draft.tokens.append(x)
             draft.q.append(q)
             if i + 1 < k:
@@ -147,13 +153,6 @@ class ModelDrafter:
     def wants_prompt_cached(self, k: int) -> bool:
         """Whether the draft model's cache should hold the prompt before the first round."""
         return True
-
-    def _to_target_vocab(self, logits: np.ndarray) -> np.ndarray:
-        if logits.size == self.n_vocab:
-            return logits
-        if logits.size > self.n_vocab:
-            return logits[: self.n_vocab]
-        return np.concatenate([logits, np.full(self.n_vocab - logits.size, -np.inf, logits.dtype)])
 
 
 class HybridDrafter:
@@ -267,7 +266,7 @@ def make_drafter(
     policy=None,
 ) -> Drafter:
     """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model, ``auto``
-    a :class:`edgespec.policy.Policy` (it uses the draft model when there is one)."""
+    a :class:`edgespec.core.policy.Policy` (it uses the draft model when there is one)."""
     if check_drafter_name(name) == "none":
         return NoDrafter()
     lookup = LookupDrafter(max_ngram, min_ngram)

@@ -1,4 +1,4 @@
-"""``edgespec verify``: the click command around :mod:`edgespec.verify` (options, output)."""
+"""``edgespec verify``: the click command around :mod:`edgespec.bench.verify` (options, output)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from .cli_models import user_errors
-from .errors import ConfigError
+from ..bench import verify as v
+from ..errors import ConfigError
+from .options import CONTEXT_SETTINGS, model_options, sampling_options, user_errors
 
 #: Drafters that cannot run without a draft model (auto falls back to lookup).
 NEED_DRAFT = ("model", "hybrid")
@@ -18,70 +19,61 @@ NEED_DRAFT = ("model", "hybrid")
 FAILED_EXIT = 3
 
 
-def add_verify_command(group: click.Group) -> None:
-    """Register ``edgespec verify`` on ``group`` (called at the end of edgespec/cli.py)."""
-    group.add_command(make_verify_command())
+
+@click.command("verify", context_settings=CONTEXT_SETTINGS)
+@model_options
+@sampling_options
+@click.option("--drafters", default=None, metavar="NAME,...",
+              help="Drafters to audit (default: every one the loaded models allow).")
+@click.option("--greedy/--no-greedy", default=True, show_default=True,
+              help="Greedy audit: speculative and target-only tokens equal, prompt by prompt.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+              help="JSONL prompt set for the greedy audit, as for `edgespec bench` "
+                   "(default: the built-in set).")
+@click.option("--only", multiple=True, metavar="ID", help="Greedy audit on this prompt only "
+              "(repeatable).")
+@click.option("--greedy-tokens", type=click.IntRange(1), default=v.DEFAULT_GREEDY_TOKENS,
+              show_default=True, help="Tokens per prompt in the greedy audit.")
+@click.option("--prompt", "sampling_prompt", default=None,
+              help="Prompt of the sampling audit, through the chat template unless --raw "
+                   f"(default, raw: {v.DEFAULT_SAMPLING_PROMPT!r}).")
+@click.option("--raw", is_flag=True, help="Send --prompt without the chat template.")
+@click.option("--samples", type=click.IntRange(20), default=v.DEFAULT_SAMPLES,
+              show_default=True, help="Seeded runs per drafter, and target-only, in the "
+                                      "sampling audit.")
+@click.option("--tokens", type=click.IntRange(1, 16), default=v.DEFAULT_SAMPLE_TOKENS,
+              show_default=True, help="Leading tokens whose joint distribution is compared.")
+@click.option("--alpha", type=click.FloatRange(0.0001, 0.5), default=v.DEFAULT_ALPHA,
+              show_default=True, help="Significance level of each sampling check.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
+@user_errors
+def verify(**kw) -> None:
+    """Audit exactness on your models and settings.
+
+    Greedy: speculative output must equal target-only output token for token, on every
+    prompt. Sampling (at --temperature, default 0.8 here, with --top-k/--top-p/--min-p):
+    the first --tokens tokens of --samples seeded runs per drafter must be distributed as in
+    target-only runs; reported as total variation distance with a bootstrap upper bound and
+    a permutation test at --alpha (--temperature 0 skips it). Exit code 0 when every check
+    passes, 3 when one fails.
+    """
+    _verify(v, **kw)
 
 
-def make_verify_command() -> click.Command:
-    # Imported when called: edgespec.cli imports this module at its end.
-    from . import verify as v
-    from .cli import CONTEXT_SETTINGS, model_options, sampling_options
-
-    @click.command("verify", context_settings=CONTEXT_SETTINGS)
-    @model_options
-    @sampling_options
-    @click.option("--drafters", default=None, metavar="NAME,...",
-                  help="Drafters to audit (default: every one the loaded models allow).")
-    @click.option("--greedy/--no-greedy", default=True, show_default=True,
-                  help="Greedy audit: speculative and target-only tokens equal, prompt by prompt.")
-    @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-                  help="JSONL prompt set for the greedy audit, as for `edgespec bench` "
-                       "(default: the built-in set).")
-    @click.option("--only", multiple=True, metavar="ID", help="Greedy audit on this prompt only "
-                  "(repeatable).")
-    @click.option("--greedy-tokens", type=click.IntRange(1), default=v.DEFAULT_GREEDY_TOKENS,
-                  show_default=True, help="Tokens per prompt in the greedy audit.")
-    @click.option("--prompt", "sampling_prompt", default=None,
-                  help="Prompt of the sampling audit, through the chat template unless --raw "
-                       f"(default, raw: {v.DEFAULT_SAMPLING_PROMPT!r}).")
-    @click.option("--raw", is_flag=True, help="Send --prompt without the chat template.")
-    @click.option("--samples", type=click.IntRange(20), default=v.DEFAULT_SAMPLES,
-                  show_default=True, help="Seeded runs per drafter, and target-only, in the "
-                                          "sampling audit.")
-    @click.option("--tokens", type=click.IntRange(1, 16), default=v.DEFAULT_SAMPLE_TOKENS,
-                  show_default=True, help="Leading tokens whose joint distribution is compared.")
-    @click.option("--alpha", type=click.FloatRange(0.0001, 0.5), default=v.DEFAULT_ALPHA,
-                  show_default=True, help="Significance level of each sampling check.")
-    @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
-    @user_errors
-    def verify(**kw) -> None:
-        """Audit exactness on your models and settings.
-
-        Greedy: speculative output must equal target-only output token for token, on every
-        prompt. Sampling (at --temperature, default 0.8 here, with --top-k/--top-p/--min-p):
-        the first --tokens tokens of --samples seeded runs per drafter must be distributed as in
-        target-only runs; reported as total variation distance with a bootstrap upper bound and
-        a permutation test at --alpha (--temperature 0 skips it). Exit code 0 when every check
-        passes, 3 when one fails.
-        """
-        _verify(v, **kw)
-
-    # The audit covers several drafters (--drafters) instead of the shared --drafter, and samples
-    # at 0.8 unless told otherwise (the shared default, 0, is greedy).
-    temperature = click.Option(["--temperature", "--temp"], type=float, default=0.8,
-                               show_default=True, help="Temperature of the sampling audit "
-                                                       "(0: greedy audit only).")
-    verify.params = [temperature if p.name == "temperature" else p
-                     for p in verify.params if p.name != "drafter"]
-    return verify
+# The audit covers several drafters (--drafters) instead of the shared --drafter, and samples
+# at 0.8 unless told otherwise (the shared default, 0, is greedy).
+temperature = click.Option(["--temperature", "--temp"], type=float, default=0.8,
+                           show_default=True, help="Temperature of the sampling audit "
+                                                   "(0: greedy audit only).")
+verify.params = [temperature if p.name == "temperature" else p
+                 for p in verify.params if p.name != "drafter"]
 
 
 def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_prompt, raw,
             samples, tokens, alpha, as_json, **opts) -> None:
-    from .bench_prompts import load_prompts, select_prompts
-    from .cli import load_engine, make_sampling
-    from .drafters import DRAFTER_NAMES
+    from ..bench.prompts import load_prompts, select_prompts
+    from ..runtime.drafters import DRAFTER_NAMES
+    from .options import load_engine, make_sampling
 
     # Everything the user typed is checked before any model loads.
     params = make_sampling(opts)
@@ -127,7 +119,7 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
 
 
 def _parse_drafters(text: str | None, known) -> list[str] | None:
-    from .bench import parse_list
+    from ..bench.run import parse_list
 
     if text is None:
         return None
@@ -153,8 +145,6 @@ def _header(engine, params) -> dict:
 
 def format_report(header: dict, greedy, sampling, greedy_tokens: int) -> str:
     """The human-readable audit: one line per check, then the verdict."""
-    from . import verify as v
-
     lines = [f"target {header['target']}, draft {header['draft'] or '(none)'}, "
              f"{header['kernels']} kernels"]
     if greedy:

@@ -1,8 +1,9 @@
 """The model catalog: known GGUF models, where to fetch them, and target/draft pairs.
 
 The catalog is a TOML file (``models/catalog.toml`` in the repository, or ``$EDGESPEC_CATALOG``)
-parsed into frozen dataclasses. :func:`resolve_model` turns a user's model argument (a path or a
-catalog name) into a verified local file, fetching it through :mod:`edgespec.download` if needed.
+parsed into frozen dataclasses. :mod:`edgespec.models.resolve` turns a user's model argument (a
+path or a catalog name) into a verified local file, fetching it through
+:mod:`edgespec.models.download` if needed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Union
 
-from edgespec.errors import ConfigError, ModelError
+from edgespec.errors import ConfigError
 
 SCHEMA_VERSION = 1
 
@@ -154,7 +155,7 @@ def default_catalog_path() -> Path:
     env = os.environ.get("EDGESPEC_CATALOG")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parents[1] / "models" / "catalog.toml"
+    return Path(__file__).resolve().parents[2] / "models" / "catalog.toml"
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None) -> Catalog:
@@ -309,53 +310,6 @@ def looks_like_path(name_or_path: str) -> bool:
     """Whether a model argument is meant as a file path rather than a catalog name."""
     seps = [os.sep] + ([os.altsep] if os.altsep else [])
     return any(s in name_or_path for s in seps) or name_or_path.lower().endswith(".gguf")
-
-
-def resolve_model(
-    name_or_path: str,
-    *,
-    download: bool = True,
-    progress: bool = True,
-    catalog: Catalog | None = None,
-) -> Path:
-    """Turn a model argument into the path of a local GGUF file.
-
-    An existing file, or anything that looks like a path (contains a separator or ends in
-    ``.gguf``), is taken as a path: :class:`ModelError` if it is missing or a directory.
-    Otherwise it is a catalog name (:class:`ConfigError` if unknown) and the verified file is
-    returned: from the cache or a local source, else fetched (:class:`DownloadError` on failure).
-    With ``download=False`` nothing is fetched and a model that is not available locally raises
-    :class:`ModelError`.
-    """
-    candidate = Path(name_or_path).expanduser()
-    if candidate.is_file():
-        return candidate.absolute()
-    if looks_like_path(name_or_path):
-        if candidate.is_dir():
-            raise ModelError(f"model file not found: {name_or_path} is a directory, not a GGUF file")
-        raise ModelError(f"model file not found: {name_or_path}")
-    from edgespec import download as dl  # deferred: keeps catalog importable without tqdm
-
-    entry = (catalog or load_catalog()).model(name_or_path)
-    if download:
-        return dl.ensure_model(entry, progress=progress)
-    found = dl.find_verified(entry, progress=progress)
-    if found is None:
-        raise ModelError(
-            f"model '{entry.name}' is not cached (expected {dl.cache_file(entry)}); "
-            f"fetch it with: edgespec models pull {entry.name}"
-        )
-    return found
-
-
-def check_model_argument(name_or_path: str, *, catalog: Catalog | None = None) -> None:
-    """Check a model argument without loading or fetching anything: an existing file, or a
-    path-like argument (:class:`ModelError` if missing), or a known catalog name
-    (:class:`ConfigError` if unknown)."""
-    if Path(name_or_path).expanduser().is_file() or looks_like_path(name_or_path):
-        resolve_model(name_or_path, download=False, catalog=catalog)  # a path: never fetches
-    else:
-        (catalog or load_catalog()).model(name_or_path)
 
 
 def resolve_pair(name: str, *, catalog: Catalog | None = None) -> Pair:

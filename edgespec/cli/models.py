@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import click
 
-from edgespec.catalog import Catalog, ModelEntry, load_catalog, resolve_model
-from edgespec.errors import ConfigError, EdgespecError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def user_errors(func: F) -> F:
-    """Print :class:`EdgespecError` as ``error: <message>`` and exit with its code, no traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except EdgespecError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(err.exit_code)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
+from ..errors import ConfigError
+from ..models.catalog import Catalog, ModelEntry, load_catalog
+from ..models.resolve import resolve_model
+from .options import user_errors
 
 
 def _human_size(n: int) -> str:
@@ -41,7 +22,7 @@ def _human_size(n: int) -> str:
 
 
 def _model_info(catalog: Catalog, entry: ModelEntry) -> dict[str, Any]:
-    from edgespec import download
+    from ..models import download  # deferred: tqdm is not needed to list or parse
 
     path = download.verified_path(entry)
     return {

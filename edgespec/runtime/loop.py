@@ -6,7 +6,7 @@ row i scores draft i, the last row gives the bonus token. After the verdict the 
 back to the accepted prefix on the next round's ``sync`` (the invariant again).
 
 The loop only needs ``sync`` / ``decode`` from the target, so unit tests drive it with
-scripted fakes, and the real engine with :class:`edgespec.backend.LlamaBackend`.
+scripted fakes, and the real engine with :class:`edgespec.runtime.backend.LlamaBackend`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
+from ..core.dist import AnyDist
+from ..core.rejection import Source, verify
+from ..core.sampling import SamplingParams, distribution
+from ..core.stats import Stats
 from .drafters import Drafter, Outcome
-from .rejection import Source, verify
-from .sampling import SamplingParams, process
-from .stats import Stats
 
 
 class Target(Protocol):
@@ -49,15 +50,15 @@ class _ProcessedRows:
     def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
         self._logits = logits
         self._params = params
-        self._rows: dict[int, np.ndarray] = {}
+        self._rows: dict[int, AnyDist] = {}
 
     def __len__(self) -> int:
         return self._logits.shape[0]
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> AnyDist:
         row = self._rows.get(i)
         if row is None:
-            row = self._rows[i] = process(self._logits[i], self._params)
+            row = self._rows[i] = distribution(self._logits[i], self._params)
         return row
 
 

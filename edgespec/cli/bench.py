@@ -10,8 +10,13 @@ from pathlib import Path
 
 import click
 
-from . import config
-from .bench import (
+from .. import config
+from ..bench.memory import DEFAULT_N_CTX as MEMORY_CTX
+from ..bench.memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
+from ..bench.memory import DEFAULT_SIDES as MEMORY_SIDES
+from ..bench.memory import SIDES
+from ..bench.prompts import KINDS, load_prompts, select_prompts
+from ..bench.run import (
     DEFAULT_DRAFTERS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_REPEATS,
@@ -30,90 +35,92 @@ from .bench import (
     run_sweep,
     warm_up,
 )
-from .bench_memory import DEFAULT_N_CTX as MEMORY_CTX
-from .bench_memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
-from .bench_memory import DEFAULT_SIDES as MEMORY_SIDES
-from .bench_memory import SIDES
-from .bench_prompts import KINDS, load_prompts, select_prompts
-from .cli_models import user_errors
-from .errors import ConfigError, EdgespecError
+from ..errors import ConfigError, EdgespecError
+from .options import (
+    CONTEXT_SETTINGS,
+    load_engine,
+    model_options,
+    sampling_options,
+    user_errors,
+)
 
 
-def add_bench_command(group: click.Group) -> None:
-    """Register ``bench`` on the ``edgespec`` group (called at the end of edgespec/cli.py)."""
-    group.add_command(make_bench_command())
+@click.command("bench", context_settings=CONTEXT_SETTINGS)
+@model_options
+@sampling_options
+@click.option("--drafters", default=",".join(DEFAULT_DRAFTERS), show_default=True,
+              help="Configurations to compare, comma-separated: edgespec drafters and "
+                   "llama-cpp-python's own paths (`llama-cpp-python`: its prompt-lookup "
+                   "speculation; `llama-cpp-python-plain`: no drafting). `none` is always run.")
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+              help="JSONL prompt set (fields: id, kind, prompt or messages, max_tokens, raw); "
+                   "default: the built-in set.")
+@click.option("--only", multiple=True, metavar="ID", help="Run only this prompt (repeatable).")
+@click.option("--kinds", default=",".join(KINDS), show_default=True,
+              help="Prompt kinds to run.")
+@click.option("--repeats", "-r", type=click.IntRange(1), default=DEFAULT_REPEATS, show_default=True,
+              help="Runs of every prompt and configuration (interleaved).")
+@click.option("--max-tokens", "-n", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
+              show_default=True, help="Tokens per run (a prompt's own max_tokens wins).")
+@click.option("--warmup/--no-warmup", default=True, show_default=True,
+              help="One short unrecorded run per configuration first.")
+@click.option("--lengths", default=None, metavar="K,K,...",
+              help="Also run lookup and model at each fixed draft length on the edit prompts "
+                   "(speedup against draft length), e.g. 1,2,4,8,16.")
+@click.option("--sweep", is_flag=True,
+              help="Measure the target's batch-scoring cost t(k) and the draft's per-token cost.")
+@click.option("--memory", is_flag=True,
+              help=f"Peak memory with a {MEMORY_PROMPT_TOKENS}-token prompt in a {MEMORY_CTX}-"
+                   "token context, each side in a fresh process (about a minute per side).")
+@click.option("--memory-sides", default=",".join(MEMORY_SIDES), show_default=True,
+              help=f"Sides of --memory, from: {', '.join(SIDES)}.")
+@click.option("--memory-ctx", type=click.IntRange(64), default=MEMORY_CTX, show_default=True,
+              help="Context window of --memory.")
+@click.option("--memory-prompt-tokens", type=click.IntRange(16), default=MEMORY_PROMPT_TOKENS,
+              show_default=True, help="Prompt length of --memory.")
+@click.option("--runs/--no-runs", default=True, show_default=True,
+              help="Run the prompt set (--no-runs: only --sweep and/or --memory).")
+@click.option("--overhead", is_flag=True,
+              help="Only edgespec's own host work per token: the real loop, drafters, sampler "
+                   "and rejection test over a synthetic model that answers instantly (no model "
+                   "loads). Every drafter at k=4 and 16, at greedy and temperature 0.8 with "
+                   "each truncation; --json writes it too.")
+@click.option("--vocab", type=click.IntRange(2), default=None, metavar="N",
+              help="Vocabulary size of --overhead's synthetic model [default: 151936, the "
+                   "default target's].")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+              help="Results file (default: bench-results/bench-<time>.json).")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="Plot file (default: next to the JSON, .png).")
+@user_errors
+def bench(**kw) -> None:
+    """Measure speed, acceptance and memory of each drafter on a prompt set.
 
+    Configurations run interleaved (every configuration on a prompt, back to back, in an
+    order rotated each repeat). Prints per-prompt and overall tables, writes every run and
+    the aggregates as JSON and a plot of the speedups. Ctrl-C stops and still writes what
+    was measured.
+    """
+    _bench(**kw)
 
-def make_bench_command() -> click.Command:
-    # Imported when called: edgespec.cli imports this module at its end.
-    from .cli import CONTEXT_SETTINGS, model_options, sampling_options
-
-    @click.command("bench", context_settings=CONTEXT_SETTINGS)
-    @model_options
-    @sampling_options
-    @click.option("--drafters", default=",".join(DEFAULT_DRAFTERS), show_default=True,
-                  help="Configurations to compare, comma-separated: edgespec drafters and "
-                       "llama-cpp-python's own paths (`llama-cpp-python`: its prompt-lookup "
-                       "speculation; `llama-cpp-python-plain`: no drafting). `none` is always run.")
-    @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-                  help="JSONL prompt set (fields: id, kind, prompt or messages, max_tokens, raw); "
-                       "default: the built-in set.")
-    @click.option("--only", multiple=True, metavar="ID", help="Run only this prompt (repeatable).")
-    @click.option("--kinds", default=",".join(KINDS), show_default=True,
-                  help="Prompt kinds to run.")
-    @click.option("--repeats", "-r", type=click.IntRange(1), default=DEFAULT_REPEATS, show_default=True,
-                  help="Runs of every prompt and configuration (interleaved).")
-    @click.option("--max-tokens", "-n", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
-                  show_default=True, help="Tokens per run (a prompt's own max_tokens wins).")
-    @click.option("--warmup/--no-warmup", default=True, show_default=True,
-                  help="One short unrecorded run per configuration first.")
-    @click.option("--lengths", default=None, metavar="K,K,...",
-                  help="Also run lookup and model at each fixed draft length on the edit prompts "
-                       "(speedup against draft length), e.g. 1,2,4,8,16.")
-    @click.option("--sweep", is_flag=True,
-                  help="Measure the target's batch-scoring cost t(k) and the draft's per-token cost.")
-    @click.option("--memory", is_flag=True,
-                  help=f"Peak memory with a {MEMORY_PROMPT_TOKENS}-token prompt in a {MEMORY_CTX}-"
-                       "token context, each side in a fresh process (about a minute per side).")
-    @click.option("--memory-sides", default=",".join(MEMORY_SIDES), show_default=True,
-                  help=f"Sides of --memory, from: {', '.join(SIDES)}.")
-    @click.option("--memory-ctx", type=click.IntRange(64), default=MEMORY_CTX, show_default=True,
-                  help="Context window of --memory.")
-    @click.option("--memory-prompt-tokens", type=click.IntRange(16), default=MEMORY_PROMPT_TOKENS,
-                  show_default=True, help="Prompt length of --memory.")
-    @click.option("--runs/--no-runs", default=True, show_default=True,
-                  help="Run the prompt set (--no-runs: only --sweep and/or --memory).")
-    @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
-                  help="Results file (default: bench-results/bench-<time>.json).")
-    @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
-                  help="Plot file (default: next to the JSON, .png).")
-    @user_errors
-    def bench(**kw) -> None:
-        """Measure speed, acceptance and memory of each drafter on a prompt set.
-
-        Configurations run interleaved (every configuration on a prompt, back to back, in an
-        order rotated each repeat). Prints per-prompt and overall tables, writes every run and
-        the aggregates as JSON and a plot of the speedups. Ctrl-C stops and still writes what
-        was measured.
-        """
-        _bench(**kw)
-
-    # The bench compares drafters (--drafters) and takes several temperatures: it drops the shared
-    # single-valued --drafter and replaces --temperature with a list.
-    temperature = click.Option(
-        ["--temperature", "--temp"], default="0", show_default=True,
-        help="Temperature(s), comma-separated: 0,0.8 runs everything at both, each with its own "
-             "`none` baseline.")
-    bench.params = [temperature if p.name == "temperature" else p
-                    for p in bench.params if p.name != "drafter"]
-    return bench
+# The bench compares drafters (--drafters) and takes several temperatures: it drops the shared
+# single-valued --drafter and replaces --temperature with a list.
+temperature = click.Option(
+    ["--temperature", "--temp"], default="0", show_default=True,
+    help="Temperature(s), comma-separated: 0,0.8 runs everything at both, each with its own "
+         "`none` baseline.")
+bench.params = [temperature if p.name == "temperature" else p
+                for p in bench.params if p.name != "drafter"]
 
 
 def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, lengths, sweep,
-           memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, json_path, plot_path,
-           **opts) -> None:
-    from .drafters import DRAFTER_NAMES
-    from .sampling import SamplingParams
+           memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, overhead, vocab,
+           json_path, plot_path, **opts) -> None:
+    if overhead:
+        _overhead(vocab, repeats, json_path)
+        return
+    from ..core.sampling import SamplingParams
+    from ..runtime.drafters import DRAFTER_NAMES
 
     # Everything the user typed is checked before any model loads.
     temperatures = parse_temperatures(opts["temperature"])
@@ -167,7 +174,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                 draft_path = getattr(engine.draft, "path", None)
                 if sweep:
                     echo_err("measuring the target's cost curve t(k)...")
-                    from .bench_report import print_sweep
+                    from ..bench.report import print_sweep
 
                     sweep_result = run_sweep(engine)
                     print_sweep(sweep_result, click.echo)
@@ -201,8 +208,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
 
 
 def _load(opts: dict):
-    from .cli import load_engine
-    from .drafters import DRAFTER_NAMES
+    from ..runtime.drafters import DRAFTER_NAMES
 
     has_draft = opts["target"] is None or opts["draft"] is not None
     drafter = ("auto" if "auto" in DRAFTER_NAMES else "hybrid") if has_draft else "lookup"
@@ -211,7 +217,8 @@ def _load(opts: dict):
 
 def _resolve_paths(opts: dict) -> tuple[Path, Path | None]:
     """Target and draft files without loading them (for --memory alone)."""
-    from .catalog import resolve_model, resolve_pair
+    from ..models.catalog import resolve_pair
+    from ..models.resolve import resolve_model
 
     target, draft = opts["target"], opts["draft"]
     if target is None:
@@ -249,7 +256,7 @@ def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, 
              records, settings) -> None:
     from tqdm import tqdm
 
-    from .bench_reference import ReferenceRunner
+    from ..bench.reference import ReferenceRunner
 
     main = [c for c in configs if c.draft_length is None]
     fixed = [c for c in configs if c.draft_length is not None]
@@ -285,7 +292,7 @@ def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, 
 
 
 def _memory(target, draft, sides, n_ctx, prompt_tokens, opts, echo_err) -> dict:
-    from .bench_memory import run_memory_scenario
+    from ..bench.memory import run_memory_scenario
 
     return run_memory_scenario(
         target=Path(target), draft=Path(draft) if draft else None, sides=sides, n_ctx=n_ctx,
@@ -297,7 +304,7 @@ def _memory(target, draft, sides, n_ctx, prompt_tokens, opts, echo_err) -> dict:
 
 def _report(settings, machine, prompts, configs, skipped, records, complete, sweep, memory, notes,
             json_path, plot_path) -> None:
-    from .bench_report import print_memory, print_report, write_json, write_plot
+    from ..bench.report import print_memory, print_report, write_json, write_plot
 
     doc = build_document(settings=settings, machine=machine, prompts=prompts, configs=configs,
                          skipped=skipped, runs=records, complete=complete, sweep=sweep,
@@ -313,3 +320,27 @@ def _report(settings, machine, prompts, configs, skipped, records, complete, swe
     if records or sweep:
         if write_plot(doc, plot_path):
             click.echo(f"plot:    {plot_path}")
+
+
+def _overhead(vocab: int | None, repeats: int, json_path: Path | None) -> None:
+    import json
+
+    from ..bench.overhead import DEFAULT_VOCAB, format_table, run_overhead
+
+    n_vocab = vocab or DEFAULT_VOCAB
+    if json_path is not None:
+        try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot create {json_path.parent}: {err.strerror or err}") from None
+
+    def progress(r) -> None:
+        click.echo(f"  {r.drafter:7} k={r.k:<2} {r.sampling:15} {r.us_per_token:8.1f} µs/token",
+                   err=True)
+
+    results = run_overhead(n_vocab, repeats=repeats, progress=progress)
+    click.echo(format_table(results, n_vocab))
+    if json_path is not None:
+        doc = {"overhead": [r.to_dict() for r in results], "vocab": n_vocab}
+        json_path.write_text(json.dumps(doc, indent=1) + "\n")
+        click.echo(f"wrote {json_path}", err=True)

@@ -14,7 +14,7 @@ Two checks, each per drafter:
   stated significance level. A bootstrap gives an upper confidence bound on the TV.
 
 The statistics are pure functions of outcome counts; :func:`verify_greedy` and
-:func:`verify_sampling` drive an :class:`edgespec.engine.Engine`.
+:func:`verify_sampling` drive an :class:`edgespec.runtime.engine.Engine`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .sampling import SamplingParams
+from ..core.sampling import SamplingParams
 
 #: Largest |logit| difference between scoring a token alone and inside a batch of 2..16 with
 #: llama.cpp's fast CPU kernels (scripts/batch_consistency.py, default target), rounded up.

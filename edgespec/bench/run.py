@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
-from .bench_prompts import WARMUP_PROMPT, BenchPrompt
-from .errors import ConfigError
-from .sampling import SamplingParams
+from ..core.sampling import SamplingParams
+from ..errors import ConfigError
+from .prompts import WARMUP_PROMPT, BenchPrompt
 
 SCHEMA = "edgespec-bench/1"
 
@@ -193,7 +193,7 @@ class EdgespecRunner:
         every run's decoding time, but the draft's happens inside the first round that uses it:
         without this, whichever configuration first drafts with the model on a prompt (it
         changes as the order rotates) would pay the draft's prompt prefill as drafting time."""
-        from .loop import prefill
+        from ..runtime.loop import prefill
 
         draft = self.engine.draft
         if draft is None:
@@ -478,7 +478,7 @@ def run_sweep(engine, sizes: Sequence[int] = SWEEP_SIZES, repeats: int = 3) -> d
     acceptance rate at which a round of k - 1 drafts (k tokens scored) is as fast as plain
     decoding, for lookup (free drafts) and for the draft model. ``"never"``: no acceptance rate
     can pay for that round."""
-    from . import costs
+    from ..core import costs
 
     curve = costs.measure_target_curve(engine.target, list(sizes), repeats=repeats)
     draft_cost = None
@@ -506,7 +506,7 @@ def machine_info(engine=None) -> dict:
     """CPU, memory, versions, llama.cpp build features and the models' kernel mode."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from .backend import consistent_build, system_info
+    from ..runtime.backend import consistent_build, system_info
 
     def pkg(name):
         try:

@@ -7,7 +7,7 @@ almost linearly, and then drafting rarely pays. :class:`CostCurve` holds measure
 interpolates between them and refines them online from the timings of real rounds.
 
 :func:`measure_target_curve` and :func:`measure_draft_cost` take any backend with
-``sync``/``decode``/``tokens`` (the real one is :class:`edgespec.backend.LlamaBackend`); the rest
+``sync``/``decode``/``tokens`` (the real one is :class:`edgespec.runtime.backend.LlamaBackend`); the rest
 is pure arithmetic.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
+
 
 def _filler(model: "Scorer", n: int) -> list[int]:
     """n ordinary token ids to measure with (their values do not change the cost)."""

@@ -28,10 +28,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .bench import Config, Measurement
-from .bench_prompts import BenchPrompt
-from .errors import ModelError
-from .sampling import SamplingParams
+from ..core.sampling import SamplingParams
+from ..errors import ModelError
+from .prompts import BenchPrompt
+from .run import Config, Measurement
 
 #: llama-cpp-python's default number of tokens its prompt lookup proposes per round.
 NUM_PRED_TOKENS = 10

@@ -1,0 +1,195 @@
+"""``edgespec bench --overhead``: edgespec's own host work per token, with the model taken away.
+
+A synthetic model with the target's real vocabulary size answers every decode at once with
+generated logit rows; the real loop, drafters, sampler and rejection test run on it. What is
+left of the wall clock after the synthetic decodes is edgespec's work: the part of every token
+that a GPU cannot hide (a GPU token of the default target costs ~2 ms).
+
+The rows mimic a code model's: a bulk of N(0, 2) logits and a few planted peaks whose height
+varies from row to row (confident rows and flat ones, so top-p nuclei are sometimes wide). The
+row for a position depends on the two tokens before it, so greedy text falls into cycles that
+prompt lookup can copy, and the draft's row is the target's plus noise, so the draft model is
+usually but not always right.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..core.costs import CostCurve
+from ..core.lookup import common_prefix
+from ..core.policy import CostEstimate, Policy
+from ..core.sampling import SamplingParams, make_rng
+from ..core.stats import Stats
+from ..runtime.drafters import make_drafter
+from ..runtime.loop import prefill, rounds
+
+#: The default target's vocabulary (Qwen2.5-Coder).
+DEFAULT_VOCAB = 151_936
+DRAFTERS = ("none", "lookup", "model", "hybrid", "auto")
+LENGTHS = (4, 16)
+SAMPLINGS: dict[str, SamplingParams] = {
+    "greedy": SamplingParams(temperature=0.0),
+    "t0.8": SamplingParams(temperature=0.8),
+    "t0.8-top_k40": SamplingParams(temperature=0.8, top_k=40),
+    "t0.8-top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
+    "t0.8-min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
+}
+#: A GPU-like cost curve (flat in n) for ``auto``: it then drafts, as it would on a GPU.
+GPU_CURVE = {1: 0.0020, 4: 0.0021, 16: 0.0024, 32: 0.0028}
+GPU_DRAFT_TOKEN = 0.0006
+
+_N_ROWS = 97
+_N_WORDS = 512
+
+
+class SyntheticModel:
+    """A llama.cpp stand-in: ``sync``/``decode`` over generated rows, at no model cost.
+
+    ``decode_seconds`` is the time spent producing the rows (a copy out of the pool), which the
+    benchmark subtracts like the real engine subtracts llama.cpp's time.
+    """
+
+    def __init__(self, pool: np.ndarray, n_ctx: int) -> None:
+        self.pool = pool
+        self.n_vocab = pool.shape[1]
+        self.n_ctx = n_ctx
+        self.tokens: list[int] = []
+        self.decode_seconds = 0.0
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        n = common_prefix(self.tokens, prefix)
+        del self.tokens[n:]
+        return n
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        ctx = self.tokens
+        first = start + len(tokens) - n_logits
+        rows = [row_index(ctx[i - 1] if i else 0, ctx[i]) for i in range(first, len(ctx))]
+        out = self.pool[rows]
+        self.decode_seconds += time.perf_counter() - t0
+        return out
+
+
+def row_index(prev: int, token: int) -> int:
+    """Which pool row follows the tokens ``prev, token``."""
+    return (prev * 31 + token * 17) % _N_ROWS
+
+
+def make_pools(n_vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Target rows, draft rows (target plus noise) and the planted word ids."""
+    rng = np.random.default_rng(seed)
+    target = rng.normal(0.0, 2.0, (_N_ROWS, n_vocab)).astype(np.float32)
+    words = rng.choice(n_vocab, _N_WORDS, replace=False)
+    for r in range(_N_ROWS):
+        top = rng.uniform(11.0, 18.0)  # confident rows and flat ones
+        peaks = rng.choice(words, 6, replace=False)
+        target[r, peaks] = top - np.array([0.0, 1.0, 1.8, 2.5, 3.0, 3.4], np.float32)
+    draft = target + rng.normal(0.0, 0.6, target.shape).astype(np.float32)
+    return target, draft, words
+
+
+def make_prompt(words: np.ndarray, n: int = 256, seed: int = 1) -> list[int]:
+    """A prompt whose second half repeats its first (something for lookup to find)."""
+    rng = np.random.default_rng(seed)
+    half = [int(t) for t in rng.choice(words, n // 2)]
+    return half + half
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    drafter: str
+    k: int
+    sampling: str
+    tokens: int
+    rounds: int
+    host_seconds: float
+
+    @property
+    def us_per_token(self) -> float:
+        return self.host_seconds / max(self.tokens, 1) * 1e6
+
+    @property
+    def us_per_round(self) -> float:
+        return self.host_seconds / max(self.rounds, 1) * 1e6
+
+    def to_dict(self) -> dict:
+        return {"drafter": self.drafter, "k": self.k, "sampling": self.sampling,
+                "us_per_token": round(self.us_per_token, 1),
+                "us_per_round": round(self.us_per_round, 1),
+                "tokens": self.tokens, "rounds": self.rounds}
+
+
+def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
+            n_tokens: int, seed: int = 0) -> OverheadResult:
+    """Generate ``n_tokens`` with one configuration; return its host time (best of warm runs)."""
+    target_pool, draft_pool, _ = pools
+    params = SAMPLINGS[label]
+    params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
+    n_ctx = len(prompt) + n_tokens + 64
+    target = SyntheticModel(target_pool, n_ctx)
+    draft = SyntheticModel(draft_pool, n_ctx) if drafter in ("model", "hybrid", "auto") else None
+    policy = None
+    if drafter == "auto":
+        policy = Policy(CostCurve(dict(GPU_CURVE)), CostEstimate(GPU_DRAFT_TOKEN))
+    made = make_drafter(drafter, draft, target.n_vocab, policy=policy)
+    if policy is not None:  # keep auto's costs GPU-like: the synthetic calls cost nothing
+        policy.curve.observe = lambda n, s: None  # type: ignore[method-assign]
+        policy.lookup_cost.observe = lambda s: None  # type: ignore[method-assign]
+        if policy.draft_cost is not None:
+            policy.draft_cost.observe = lambda s: None  # type: ignore[method-assign]
+    prefill(target, prompt)
+    if draft is not None:
+        draft.decode(prompt[:-1], 0)
+    stats = Stats()
+    rng = make_rng(seed)
+    models = [m for m in (target, draft) if m is not None]
+    before = sum(m.decode_seconds for m in models)
+    t0 = time.perf_counter()
+    produced = n_rounds = 0
+    for rnd in rounds(target, made, prompt, params, rng, k, stats, n_tokens):
+        produced += len(rnd.tokens)
+        n_rounds += 1
+        if produced >= n_tokens:
+            break
+    wall = time.perf_counter() - t0
+    host = wall - (sum(m.decode_seconds for m in models) - before)
+    return OverheadResult(drafter, k if drafter != "none" else 0, label, produced, n_rounds, host)
+
+
+def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int = 3,
+                 drafters: Sequence[str] = DRAFTERS, samplings: Sequence[str] = tuple(SAMPLINGS),
+                 lengths: Sequence[int] = LENGTHS, progress=None) -> list[OverheadResult]:
+    """Every (drafter, k, sampling); each the best of ``repeats`` runs (host time is noisy
+    upwards only: the best run is the closest to the code's own cost)."""
+    pools = make_pools(n_vocab)
+    prompt = make_prompt(pools[2])
+    results = []
+    for drafter in drafters:
+        for k in (lengths if drafter != "none" else lengths[:1]):
+            for label in samplings:
+                runs = [measure(drafter, k, label, pools, prompt, n_tokens, seed=r)
+                        for r in range(repeats)]
+                best = min(runs, key=lambda r: r.us_per_token)
+                results.append(best)
+                if progress is not None:
+                    progress(best)
+    return results
+
+
+def format_table(results: Sequence[OverheadResult], n_vocab: int) -> str:
+    """The results as an aligned text table."""
+    lines = [f"host work per token, vocabulary {n_vocab:,} (synthetic model: no model time)",
+             f"{'drafter':8} {'k':>3} {'sampling':16} {'µs/token':>9} {'µs/round':>9} "
+             f"{'tok/round':>9}"]
+    for r in results:
+        lines.append(f"{r.drafter:8} {r.k:>3} {r.sampling:16} {r.us_per_token:>9.1f} "
+                     f"{r.us_per_round:>9.1f} {r.tokens / max(r.rounds, 1):>9.2f}")
+    return "\n".join(lines)

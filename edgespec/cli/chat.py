@@ -1,0 +1,84 @@
+"""``edgespec chat``: the click command (same model and sampling options as ``complete``)."""
+
+from __future__ import annotations
+
+import click
+
+from tui.speed import DEFAULT_CALIBRATION_TOKENS
+
+from .. import config
+from .options import (
+    CONTEXT_SETTINGS,
+    load_engine,
+    make_sampling,
+    model_options,
+    sampling_options,
+    user_errors,
+)
+
+
+@click.command("chat", context_settings=CONTEXT_SETTINGS)
+@model_options
+@sampling_options
+@click.option("--max-tokens", "-n", type=click.IntRange(1), default=config.DEFAULT_MAX_TOKENS,
+              show_default=True, help="Longest answer per turn, in tokens.")
+@click.option("--system", default=None, help="System message for the conversation.")
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help="Time a short target-only run at start-up: the speedup's baseline. Without "
+                   "it the speedup shows n/a until a turn runs with drafter `none`.")
+@click.option("--calibration-tokens", type=click.IntRange(2, 256),
+              default=DEFAULT_CALIBRATION_TOKENS, show_default=True,
+              help="Tokens the start-up calibration generates.")
+@user_errors
+def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
+    """Chat in the terminal and watch, live, what speculation buys.
+
+    Keys: ctrl+q quit, escape stop the answer, ctrl+d drafter, ctrl+k/ctrl+j draft length,
+    ctrl+t temperature, ctrl+o colours, ctrl+l clear, ctrl+y copy, ctrl+s save, f1 help.
+    """
+    from tui.app import ChatApp, ChatSettings
+
+    sampling = make_sampling(opts)  # bad values fail here, before the screen opens
+    settings = ChatSettings(drafter=opts["drafter"], draft_length=opts["draft_length"],
+                            sampling=sampling, max_tokens=max_tokens, system=system,
+                            calibrate=calibrate, calibration_tokens=calibration_tokens)
+    # Load the draft model whenever there is one, so the drafter can be switched in the
+    # app; with a target and no draft, only lookup and none can run (the app says so).
+    load_opts = dict(opts, drafter="auto")  # loads the draft if there is one, measures costs
+
+    def factory(report):
+        missing = models_to_fetch(load_opts)
+        report(f"Downloading {', '.join(missing)} (first use)…" if missing else "Loading models…")
+        return load_engine(load_opts, progress=False)  # a progress bar would garble the screen
+
+    app = ChatApp(factory, settings)
+    try:
+        app.run()
+    finally:
+        app.close_engine()
+
+
+
+def models_to_fetch(opts: dict) -> list[str]:
+    """Catalog models the load will have to download (name and size), best effort."""
+    from edgespec.errors import EdgespecError
+    from edgespec.models.catalog import load_catalog, looks_like_path
+    from edgespec.models.download import verified_path
+
+    try:
+        catalog = load_catalog()
+        target, draft = opts["target"], opts["draft"]
+        if target is None:
+            pair = catalog.pair(opts["pair"])
+            target, draft = pair.target, draft if draft is not None else pair.draft
+        names = [target] + ([draft] if draft is not None and opts["drafter"] in ("model", "hybrid") else [])
+        missing = []
+        for name in names:
+            if looks_like_path(name) or name not in catalog.models:
+                continue
+            entry = catalog.models[name]
+            if verified_path(entry) is None:
+                missing.append(f"{name} ({entry.size / 1e9:.1f} GB)")
+        return missing
+    except (EdgespecError, OSError):
+        return []

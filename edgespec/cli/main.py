@@ -1,0 +1,154 @@
+"""The ``edgespec`` command group: ``complete`` and ``info`` here, and the one place that
+registers every other subcommand (each in its own module beside this one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import click
+
+from .. import config
+from ..errors import EdgespecError
+from .bench import bench
+from .chat import chat
+from .models import models
+from .options import (
+    CONTEXT_SETTINGS,
+    load_engine,
+    make_sampling,
+    model_options,
+    read_prompt,
+    sampling_options,
+    user_errors,
+)
+from .serve import serve
+from .verify import verify
+
+if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs it
+    from ..runtime.engine import Collector
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(package_name="edgespec")
+def cli() -> None:
+    """edgespec: exact speculative decoding of local GGUF models.
+
+    Faster answers from the same model: a cheap drafter proposes tokens, the target model
+    checks them in one batch, and an exact rejection sampler keeps the output distribution
+    identical to the target's.
+    """
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+@click.argument("prompt", required=False)
+@model_options
+@sampling_options
+@click.option("--max-tokens", "-n", type=click.IntRange(1), default=config.DEFAULT_MAX_TOKENS,
+              show_default=True, help="Stop after this many generated tokens.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--chat/--raw", default=True, show_default=True,
+              help="Apply the model's chat template, or send the prompt as is.")
+@click.option("--system", default=None, help="System message (chat mode).")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a stats line to stderr.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON object {"text", "finish_reason", "tokens", "stats"}.')
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@user_errors
+def complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, debug, **opts) -> None:
+    """Complete PROMPT (or standard input) and stream the answer to stdout."""
+    run = _Run()
+    try:
+        _complete(run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts)
+    except EdgespecError:
+        if debug:
+            traceback.print_exc()
+        raise  # user_errors prints the one-line message and exits with its code
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        # The text already printed stays; with --json, the object says what there was.
+        collected = run.collected
+        if as_json and collected is not None:
+            click.echo(_json(collected.completion("interrupted").to_dict()))
+        sys.stdout.flush()
+        summary = (f" {collected.stats.summary()}"
+                   if show_stats and collected is not None and collected.stats is not None else "")
+        click.echo(f"\n[interrupted]{summary}", err=True)
+        sys.exit(130)
+
+
+def _json(obj: dict) -> str:
+    """One JSON line, ASCII-escaped where stdout cannot carry UTF-8, so nothing is lost there."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
+    return json.dumps(obj, ensure_ascii=encoding != "utf8")
+
+
+@dataclass
+class _Run:
+    """What one ``complete`` has produced so far, so that Ctrl-C can report it."""
+
+    collected: Collector | None = None  #: set once the models are loaded
+
+
+def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts) -> None:
+    from ..runtime.engine import Collector, check_prompt
+
+    text = read_prompt(prompt)
+    check_prompt(text)  # validate before loading models
+    sampling = make_sampling(opts)
+    with load_engine(opts, progress=not as_json) as engine:
+        kwargs = dict(max_tokens=max_tokens, sampling=sampling, stop=list(stop), chat=chat,
+                      system=system)
+        collected = run.collected = Collector()
+        chunk = None
+        for chunk in engine.stream(text, **kwargs):
+            collected.add(chunk)
+            if not as_json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+        assert chunk is not None and chunk.finish_reason is not None
+        if as_json:
+            click.echo(_json(collected.completion(chunk.finish_reason).to_dict()))
+            return
+        sys.stdout.write("\n")
+        if show_stats or chunk.finish_reason == "context":
+            note = "" if chunk.finish_reason != "context" else " [context window full]"
+            click.echo(f"[{chunk.finish_reason}] {chunk.stats.summary()}{note}", err=True)
+
+
+@cli.command(context_settings=CONTEXT_SETTINGS)
+def info() -> None:
+    """Show the llama.cpp build, batch consistency, GPU offload and cache location."""
+    from ..runtime.backend import consistent_build, gpu_offload_supported, system_info
+
+    features = system_info()
+    click.echo(f"cache dir:        {config.cache_dir()}")
+    click.echo(f"threads:          {config.default_threads()}")
+    click.echo(f"GPU offload:      {'yes' if gpu_offload_supported() else 'no (CPU-only build)'}")
+    click.echo(
+        "batch-consistent: "
+        + ("yes (llamafile sgemm not compiled in)" if consistent_build()
+           else "no: this llama.cpp has llamafile's sgemm; rebuild with `make setup`")
+    )
+    click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
+
+
+for command in (models, bench, chat, serve, verify):
+    cli.add_command(command)
+
+
+def main() -> None:
+    # A terminal or pipe that is not UTF-8 (a latin-1 locale, a Windows console) shows what it
+    # can of the model's text instead of crashing on its first emoji.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    cli(prog_name="edgespec")
+
+
+if __name__ == "__main__":
+    main()

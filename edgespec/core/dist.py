@@ -1,0 +1,173 @@
+"""Processed distributions in the form that is cheapest to build from one row of logits.
+
+:func:`edgespec.core.sampling.distribution` returns one of these instead of a dense
+vocabulary-sized vector:
+
+- :class:`OneHot`: greedy. Built with one ``argmax``.
+- :class:`Sparse`: top-k, top-p and min-p keep a small support; it is found among a candidate
+  set cut by a logit threshold before any ``exp``, sort or ``cumsum``.
+- :class:`Dense`: plain temperature sampling, whose support is the whole vocabulary: the
+  weights are computed once, in float32, with sums per block of 256 ids so that drawing a
+  token costs two short ``cumsum``s instead of one over the vocabulary.
+- :class:`Exact`: a wrapper around a dense float64 probability vector (the reference
+  :func:`edgespec.core.sampling.process`), for tests and rare fallbacks.
+
+All of them answer ``prob(x)`` and ``sample(rng)`` and can give the dense vector (``dense()``,
+O(V): only fallbacks and tests use it). Pure NumPy.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Union
+
+import numpy as np
+
+#: ids per block of a Dense distribution's partial sums
+BLOCK = 256
+
+
+class Dist(Protocol):
+    """A processed distribution over ``n`` token ids."""
+
+    n: int
+
+    def prob(self, x: int) -> float: ...
+
+    def sample(self, rng: np.random.Generator) -> int: ...
+
+    def dense(self) -> np.ndarray: ...
+
+
+class OneHot:
+    """All mass on one token (greedy decoding). Sampling consumes no randomness."""
+
+    __slots__ = ("token", "n")
+
+    def __init__(self, token: int, n: int) -> None:
+        self.token = token
+        self.n = n
+
+    def prob(self, x: int) -> float:
+        return 1.0 if x == self.token else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.token
+
+    def support(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.array([self.token], np.int64), np.ones(1)
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.n)
+        out[self.token] = 1.0
+        return out
+
+
+class Sparse:
+    """Mass on a few ids: ``ids`` ascending, ``probs`` float64 summing to 1 (all > 0)."""
+
+    __slots__ = ("ids", "probs", "n", "_cdf")
+
+    def __init__(self, ids: np.ndarray, probs: np.ndarray, n: int) -> None:
+        self.ids = ids
+        self.probs = probs
+        self.n = n
+        self._cdf: np.ndarray | None = None
+
+    def prob(self, x: int) -> float:
+        i = int(np.searchsorted(self.ids, x))
+        return float(self.probs[i]) if i < self.ids.size and self.ids[i] == x else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        # The inverse CDF in id order, like the reference `sample` on the dense vector (whose
+        # zeros add nothing to the running sum): the same uniform gives the same token.
+        if self._cdf is None:
+            self._cdf = np.cumsum(self.probs)
+        cdf = self._cdf
+        i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return int(self.ids[min(i, cdf.size - 1)])
+
+    def support(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids, self.probs
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.n)
+        out[self.ids] = self.probs
+        return out
+
+
+class Dense:
+    """Weights over the first ``len(w)`` ids (float32, unnormalised; ids past them have
+    probability 0), with float64 sums per block of :data:`BLOCK` ids."""
+
+    __slots__ = ("w", "n", "blocks", "total", "_cum")
+
+    def __init__(self, w: np.ndarray, n: int) -> None:
+        """``w``: weights padded with zeros to a multiple of :data:`BLOCK` (it is kept)."""
+        self.w = w
+        self.n = n
+        self.blocks = w.reshape(-1, BLOCK).sum(axis=1, dtype=np.float64)
+        self.total = float(self.blocks.sum())
+        self._cum: np.ndarray | None = None
+
+    def prob(self, x: int) -> float:
+        return float(self.w[x]) / self.total if x < self.w.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        if self._cum is None:
+            self._cum = np.cumsum(self.blocks)
+        cum = self._cum
+        u = rng.random() * cum[-1]
+        b = min(int(np.searchsorted(cum, u, side="right")), cum.size - 1)
+        while self.blocks[b] == 0.0:  # u rounded onto the end of the CDF
+            b -= 1
+        u -= cum[b - 1] if b else 0.0
+        local = np.cumsum(self.w[b * BLOCK:(b + 1) * BLOCK], dtype=np.float64)
+        j = min(int(np.searchsorted(local, u, side="right")), BLOCK - 1)
+        while self.w[b * BLOCK + j] == 0.0:
+            j -= 1
+        return b * BLOCK + j
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.n)
+        m = min(self.n, self.w.size)
+        out[:m] = self.w[:m]
+        return out / self.total
+
+
+class Exact:
+    """A dense float64 probability vector (the reference form), as a :class:`Dist`."""
+
+    __slots__ = ("probs", "n")
+
+    def __init__(self, probs: np.ndarray) -> None:
+        self.probs = probs
+        self.n = probs.size
+
+    def prob(self, x: int) -> float:
+        return float(self.probs[x])
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return sample(self.probs, rng)
+
+    def dense(self) -> np.ndarray:
+        return self.probs
+
+
+AnyDist = Union[OneHot, Sparse, Dense, Exact]
+
+
+def as_dist(p) -> AnyDist:
+    """A :class:`Dist` for a dense probability vector; a Dist is returned as is."""
+    return Exact(p) if isinstance(p, np.ndarray) else p
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a processed distribution (inverse-CDF on one uniform)."""
+    cdf = np.cumsum(probs)
+    u = rng.random() * cdf[-1]
+    idx = int(np.searchsorted(cdf, u, side="right"))
+    # Guard against u landing on the (rounded) end of the CDF.
+    idx = min(idx, probs.size - 1)
+    while probs[idx] == 0.0 and idx > 0:
+        idx -= 1
+    return idx

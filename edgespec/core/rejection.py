@@ -1,0 +1,144 @@
+"""The exact speculative-sampling test (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2).
+
+Given k drafted tokens ``x_1..x_k``, the draft distributions ``q_i`` they were sampled from, and
+the target distributions ``p_1..p_{k+1}`` (all already processed by :func:`edgespec.core.sampling.distribution`
+with the same settings), accept ``x_i`` with probability ``min(1, p_i(x_i) / q_i(x_i))`` from left
+to right. At the first rejection, sample the replacement from the residual
+``norm(max(0, p_i - q_i))``; if all k pass, sample a bonus token from ``p_{k+1}``. The emitted tokens
+are distributed exactly as target-only sampling (Chen et al., Theorem 1).
+
+A deterministic drafter (prompt lookup) proposes with ``q = one_hot(x)``: it is accepted with
+probability ``p(x)`` and the residual is ``p`` with ``x`` removed. Such a position passes
+``None`` as its ``q``.
+
+Pure NumPy; imports nothing from llama_cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
+
+import numpy as np
+
+from .dist import Dist, Exact, Sparse, as_dist
+from .sampling import sample
+
+
+class Source(str, Enum):
+    """Where an emitted token came from."""
+
+    DRAFT = "draft"  #: a drafted token the target accepted
+    CORRECTED = "corrected"  #: sampled by the target from the residual after a rejection
+    BONUS = "bonus"  #: sampled by the target after every draft token was accepted
+    TARGET = "target"  #: sampled by the target with nothing drafted (plain decoding)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one verification: how many drafts were kept and the token that follows."""
+
+    n_accepted: int
+    next_token: int
+    next_source: Source
+
+
+def verify(
+    draft_tokens: Sequence[int],
+    q_draft: Sequence[Dist | np.ndarray | None],
+    p_target: Sequence[Dist | np.ndarray],
+    rng: np.random.Generator,
+) -> Verdict:
+    """Run the exact rejection test over one round of drafts.
+
+    ``p_target`` holds k + 1 distributions (:mod:`edgespec.core.dist` objects or dense
+    probability vectors; any sequence, e.g. one that processes rows lazily): row i is the
+    target distribution at draft position i, the last one the distribution after all k drafts.
+    Rows after a rejection are never read. ``q_draft[i]`` is the (processed) draft distribution
+    ``x_i`` was sampled from, or ``None`` for a one-hot (deterministic) draft.
+    """
+    k = len(draft_tokens)
+    if len(q_draft) != k or len(p_target) != k + 1:
+        raise ValueError(
+            f"verify: {k} drafts, {len(q_draft)} draft distributions, "
+            f"{len(p_target)} target rows (need k, k, k+1)"
+        )
+    for i, (x, q) in enumerate(zip(draft_tokens, q_draft)):
+        p = as_dist(p_target[i])
+        q = None if q is None else as_dist(q)
+        p_x = p.prob(x)
+        q_x = 1.0 if q is None else q.prob(x)
+        # accept with probability min(1, p/q), i.e. u * q < p (no division; q_x > 0 as x ~ q)
+        if rng.random() * q_x < p_x:
+            continue
+        return Verdict(i, sample_residual(p, q, x, rng), Source.CORRECTED)
+    source = Source.BONUS if k else Source.TARGET
+    return Verdict(k, as_dist(p_target[k]).sample(rng), source)
+
+
+#: Tries of the residual's rejection sampler before it computes the residual densely.
+RESIDUAL_TRIES = 32
+
+
+def sample_residual(p: Dist, q: Dist | None, x: int, rng: np.random.Generator) -> int:
+    """Draw from ``norm(max(0, p - q))`` (for a one-hot draft of ``x``: ``p`` without ``x``).
+
+    Small supports (greedy, top-k, top-p, min-p) get the residual computed on the union of the
+    two supports. A dense ``p`` is sampled by rejection: draw ``y ~ p`` and keep it with
+    probability ``max(0, 1 - q(y) / p(y))``; each try succeeds with probability equal to the
+    residual's mass, and after :data:`RESIDUAL_TRIES` failures the residual is computed densely.
+    Either way the result is distributed exactly as the residual: every try, and the fallback,
+    yields ``y`` with the residual's conditional law.
+    """
+    if isinstance(p, Exact) and (q is None or isinstance(q, Exact)):
+        return sample(residual(p.probs, None if q is None else q.probs, x), rng)
+    if hasattr(p, "support") and (q is None or hasattr(q, "support")):
+        pids, pv = p.support()
+        ids = pids
+        if q is None:
+            r = np.where(ids == x, 0.0, pv)
+        else:
+            qids, qv = q.support()
+            ids = np.union1d(ids, qids)
+            r = np.maximum(_on(ids, pids, pv) - _on(ids, qids, qv), 0.0)
+        total = r.sum()
+        if total <= 0.0:  # p == q up to rounding: the rejection had probability ~0
+            return p.sample(rng)
+        nz = r > 0.0
+        return Sparse(ids[nz], r[nz] / total, p.n).sample(rng)
+    for _ in range(RESIDUAL_TRIES):
+        y = p.sample(rng)
+        if q is None:
+            if y != x:
+                return y
+            continue
+        keep = 1.0 - q.prob(y) / p.prob(y)
+        if keep > 0.0 and rng.random() < keep:
+            return y
+    return sample(residual(p.dense(), None if q is None else q.dense(), x), rng)
+
+
+def _on(ids: np.ndarray, sup: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """Probabilities of ``ids`` (ascending) under a distribution given on ``sup`` (ascending)."""
+    out = np.zeros(ids.size)
+    out[np.searchsorted(ids, sup)] = probs
+    return out
+
+
+def residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
+    """``norm(max(0, p - q))`` on dense vectors; for a one-hot draft of ``x``, ``p`` without
+    ``x``. The reference form (and the fallback of :func:`sample_residual`).
+
+    If the residual has no mass (``p == q`` up to rounding, so a rejection had probability ~0),
+    fall back to ``p``: any choice is then exact to within that rounding.
+    """
+    if q is None:
+        r = p.copy()
+        r[x] = 0.0
+    else:
+        r = np.maximum(p - q, 0.0)
+    total = r.sum()
+    if total <= 0.0:
+        return p
+    return r / total

@@ -1,0 +1,290 @@
+"""Sampling settings as processed distributions (Leviathan et al. 2023, section 2.2).
+
+Temperature, top-k, top-p, min-p and greedy are all "sample from an adjusted distribution":
+``process`` turns raw logits into that distribution, and draft and target always go through the
+same ``process`` with the same settings, so the exact rejection test in :mod:`edgespec.core.rejection`
+sees the distributions that are really sampled from.
+
+Order of processing (the Hugging Face / vLLM order): temperature, then top-k, then top-p, then
+min-p, renormalising once at the end. Greedy (temperature 0) is the one-hot distribution on the
+arg-max; ties go to the lowest token id, for draft and target alike.
+
+This module is pure NumPy: it imports nothing from llama_cpp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from ..errors import ConfigError, LogitsError
+from .dist import BLOCK, AnyDist, Dense, OneHot, Sparse, sample  # noqa: F401 (sample: API)
+
+#: top-p first looks among this many most likely tokens: partitioning is O(V), a full sort of a
+#: 152k vocabulary is not. If the nucleus is larger, it falls back to the full sort (same result).
+_TOP_P_CANDIDATES = 1024
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are sampled. ``temperature=0`` is greedy decoding.
+
+    ``top_k=0``, ``top_p=1.0`` and ``min_p=0.0`` disable those filters. ``seed`` makes a run
+    reproducible (the same seed and settings give the same text); ``None`` draws fresh entropy.
+    """
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    min_p: float = DEFAULT_MIN_P
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
+        m = self.min_p
+        if not isinstance(m, (int, float)) or math.isnan(m) or not 0 <= m <= 1:
+            raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {m!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling is the arg-max (temperature 0)."""
+        return self.temperature == 0
+
+
+def make_rng(seed: int | None) -> np.random.Generator:
+    """The engine's one random generator; seeded runs are reproducible."""
+    return np.random.default_rng(seed)
+
+
+#: A candidate set larger than this (a flat row) is not worth cutting: the dense path is used.
+_MAX_CANDIDATES = 8192
+#: Logits further than this many temperatures below the maximum weigh less than
+#: exp(-_NEGLIGIBLE) = 4e-22 of it each: ln(152k) + 37.5 keeps a whole vocabulary's worth of
+#: them below 2**-53 of the total, i.e. below the resolution of a float64 probability.
+_NEGLIGIBLE = 49.5
+
+
+def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None = None) -> AnyDist:
+    """The processed distribution of one row of logits, in its cheapest exact form.
+
+    Same distribution as :func:`process` (the dense reference; the tests compare them), but
+    greedy is one ``argmax``, truncating modes cut a small candidate set by a logit threshold
+    before any ``exp``, sort or ``cumsum``, and plain temperature computes float32 weights in
+    one pass. ``n_vocab``: the vocabulary the distribution is over, if the row is shorter
+    (a draft model's logits; ids past the row get probability 0). The result does not keep a
+    reference to ``logits``.
+    """
+    x = logits
+    if x.ndim != 1:
+        raise ValueError(f"distribution() takes one row of logits, got shape {x.shape}")
+    n = n_vocab or x.size
+    i = int(np.argmax(x))  # the first NaN if there is one
+    top = float(x[i])
+    if top != top or top == np.inf:  # NaN (raises) or +inf logits: the reference handles it
+        return _from_dense(process(x, params))
+    if top == -np.inf:
+        raise LogitsError("every logit is -inf: no token can be sampled")
+    if params.greedy:
+        return OneHot(i, n)
+    t = params.temperature
+    k = params.top_k if 0 < params.top_k < x.size else 0
+    if k:
+        ids = _top_candidates(x, k)
+    elif params.top_p < 1.0:
+        return _nucleus(x, top, params, n)
+    elif params.min_p > 0.0:
+        ids = np.flatnonzero(x >= top + t * (np.log(params.min_p) - 1e-6))
+    else:
+        return _dense(x, top, t, n)
+    return _filtered(x, top, ids, params, None, n)
+
+
+def _top_candidates(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of a superset of the k largest logits (all ids tied with the k-th included).
+
+    The threshold is guessed from a strided sample of the row (its value of rank ~4k + 16 when
+    scaled up), then checked: at least k ids at or above it, else the whole row.
+    """
+    stride = max(1, x.size // 4096)
+    sample_ = x[::stride]
+    rank = -(-(4 * k + 16) // stride)
+    if rank < sample_.size:
+        guess = np.partition(sample_, sample_.size - rank)[sample_.size - rank]
+        ids = np.flatnonzero(x >= guess)
+        if ids.size >= k:
+            return ids
+    return np.arange(x.size)
+
+
+def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams,
+              total: float | None, n: int) -> AnyDist:
+    """Apply top-k, top-p and min-p to the candidates ``ids`` (ascending, a superset of every
+    token the filters can keep); ``total``: the weight of the whole row when top-p needs it
+    and top-k does not bound the set first."""
+    with np.errstate(under="ignore"):
+        w = np.exp((x[ids].astype(np.float64) - top) / params.temperature)
+    if params.top_k and params.top_k < ids.size or params.top_p < 1.0:
+        order = np.lexsort((ids, -w))  # descending weight, ties: lowest id first
+        if params.top_k and params.top_k < ids.size:
+            order = order[: params.top_k]
+            total = None
+        if params.top_p < 1.0:
+            ws = w[order]
+            cum = np.cumsum(ws)
+            mass = cum[-1] if total is None else total
+            order = order[(cum - ws) < params.top_p * mass]
+        keep = np.sort(order)
+        ids, w = ids[keep], w[keep]
+    cut = w > 0.0  # -inf logits (or weights below float64's range) were never candidates
+    if params.min_p > 0.0:
+        cut &= w >= params.min_p * w.max()
+    ids, w = ids[cut], w[cut]
+    return Sparse(ids, w / w.sum(), n)
+
+
+#: bins per temperature of log-weight in the wide-nucleus search, and how many
+_BINS_PER_T = 8
+_N_BINS = int(_NEGLIGIBLE * _BINS_PER_T) + 1
+
+
+def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDist:
+    """top-p without top-k: the normaliser is the whole row's weight."""
+    t = params.temperature
+    ids = np.flatnonzero(x >= top - _NEGLIGIBLE * t)
+    if ids.size <= _MAX_CANDIDATES:
+        # what is left out weighs below float64 resolution: the candidates' sum is the total
+        return _filtered(x, top, ids, params, None, n)
+    # A flat row. One float32 pass gives every weight and the total; the weights are summed
+    # per bin of 1/8 temperature below the top, and the bin where the running mass crosses
+    # top_p is the only place where the order of tokens matters: every token in a higher bin
+    # is kept, every token in a lower one dropped, so only that bin's tokens are sorted.
+    d = _dense(x, top, t, n)
+    w = d.w[: x.size]
+    depth = np.subtract(top, x, dtype=np.float32)
+    np.multiply(depth, np.float32(_BINS_PER_T / t), out=depth)
+    np.minimum(depth, np.float32(_N_BINS - 1), out=depth)
+    bins = depth.astype(np.intp)
+    mass = np.bincount(bins, weights=w, minlength=_N_BINS)
+    cum = np.cumsum(mass)
+    # a margin of 1e-6 of the mass for the float32 weights: a cut that close may go either way
+    j = int(np.searchsorted(cum, params.top_p * d.total * (1 + 1e-6)))
+    j = min(j, _N_BINS - 1)
+    band = np.flatnonzero(bins == j)
+    with np.errstate(under="ignore"):
+        wb = np.exp((x[band].astype(np.float64) - top) / t)
+    order = np.lexsort((band, -wb))  # descending weight, ties: lowest id first
+    ws = wb[order]
+    before = (cum[j - 1] if j else 0.0) + np.cumsum(ws) - ws
+    ids = np.sort(np.concatenate([np.flatnonzero(bins < j),
+                                  band[order[before < params.top_p * d.total]]]))
+    return _filtered(x, top, ids, replace(params, top_p=1.0), None, n)
+
+
+def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
+    """Untruncated temperature: float32 weights exp((x - top) / t) in one pass."""
+    size = -(-x.size // BLOCK) * BLOCK
+    w = np.zeros(size, np.float32)
+    v = w[: x.size]
+    np.subtract(x, np.float32(top), out=v)
+    np.multiply(v, np.float32(1.0 / t), out=v)
+    with np.errstate(under="ignore"):
+        np.exp(v, out=v)
+    return Dense(w, n)
+
+
+def _from_dense(probs: np.ndarray) -> AnyDist:
+    ids = np.flatnonzero(probs)
+    if ids.size == 1:
+        return OneHot(int(ids[0]), probs.size)
+    return Sparse(ids, probs[ids] / probs[ids].sum(), probs.size)
+
+
+def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Turn one row of raw logits into the distribution that is actually sampled from.
+
+    Returns float64 probabilities that sum to 1, with zeros where a filter removed a token.
+    Raises ``ValueError`` on NaN logits or when every logit is ``-inf``.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"process() takes one row of logits, got shape {x.shape}")
+    if np.isnan(x).any():
+        raise LogitsError("the model's logits contain NaN: the GGUF file is corrupt or not "
+                          "supported by this llama.cpp build")
+    top = x.max()
+    if top == -np.inf:
+        raise LogitsError("every logit is -inf: no token can be sampled")
+    if top == np.inf:
+        # +inf logits: the limit of softmax is uniform over them. Map them to 0 and the rest to
+        # -inf and go on, so greedy (lowest id, as the model drafter's argmax) and the filters
+        # apply to that tie like to any other instead of being skipped.
+        x = np.where(x == np.inf, 0.0, -np.inf)
+        top = 0.0
+
+    if params.greedy:
+        probs = np.zeros_like(x)
+        probs[int(np.argmax(x))] = 1.0
+        return probs
+
+    probs = np.exp((x - top) / params.temperature)
+    probs /= probs.sum()
+    if params.top_k and params.top_k < probs.size:
+        _keep_top_k(probs, params.top_k)
+    if params.top_p < 1.0:
+        _keep_nucleus(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs[probs < params.min_p * probs.max()] = 0.0
+    return probs / probs.sum()
+
+
+def _keep_top_k(probs: np.ndarray, k: int) -> None:
+    """Zero all but the k most likely tokens, in place (ties at the cut: lowest ids win)."""
+    order = _descending(probs, k)
+    cut = np.ones(probs.size, dtype=bool)
+    cut[order[:k]] = False
+    probs[cut] = 0.0
+
+
+def _keep_nucleus(probs: np.ndarray, top_p: float) -> None:
+    """Zero everything outside the smallest prefix (by descending probability) holding top_p."""
+    total = probs.sum()
+    n = min(_TOP_P_CANDIDATES, probs.size)
+    order = _descending(probs, n)
+    cum = np.cumsum(probs[order])
+    if cum[-1] < top_p * total and n < probs.size:
+        order = _descending(probs, probs.size)
+        cum = np.cumsum(probs[order])
+    # Keep a token while the mass before it is still short of top_p (so the token that crosses
+    # the threshold is kept, and at least one token always is).
+    before = cum - probs[order]
+    keep = order[before < top_p * total]
+    mask = np.ones(probs.size, dtype=bool)
+    mask[keep] = False
+    probs[mask] = 0.0
+
+
+def _descending(probs: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n largest probabilities, sorted descending, ties by ascending id."""
+    if n < probs.size:
+        part = np.argpartition(-probs, n - 1)[:n]
+        # argpartition picks arbitrary ids among the values tied at the cut (top_k=1 over two
+        # equal tokens could keep the second): refill the cut with the lowest tied ids.
+        cut = probs[part].min()
+        above = part[probs[part] > cut]
+        part = np.concatenate([above, np.flatnonzero(probs == cut)[: n - above.size]])
+    else:
+        part = np.arange(probs.size)
+    # lexsort: last key is primary. Sort by -prob, then by token id.
+    return part[np.lexsort((part, -probs[part]))]

@@ -1,0 +1,205 @@
+"""The lean sampling path (``distribution``, :mod:`edgespec.core.dist`, ``sample_residual``)
+against the dense reference (``process``, ``sample``, ``residual``).
+
+Supports must be equal; where a filter's decision sits exactly on its threshold, the two may
+round it differently, so a difference is accepted only if moving the thresholds by 1e-9 (top-p
+mass, min-p ratio) explains it. Probabilities must agree to float rounding. Statistical tests
+use fixed seeds; each uses chi-square at ALPHA (tests/stats_util.py) with 20,000 draws, enough
+that a sampler off by a few percent on any outcome with expected count >= 5 fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from edgespec.core import rejection
+from edgespec.core.dist import Dense, Exact, OneHot, Sparse
+from edgespec.core.rejection import residual, sample_residual, verify
+from edgespec.core.sampling import SamplingParams, distribution, process, sample
+from edgespec.errors import LogitsError
+
+from .stats_util import ALPHA, chi2_pvalue
+
+N_DRAWS = 20_000
+
+values = st.one_of(
+    st.floats(-30, 30, width=32),
+    st.sampled_from([0.0, 1.0, 2.5, -np.inf]),  # ties and impossible tokens
+)
+rows = st.lists(values, min_size=1, max_size=120).map(lambda v: np.array(v, np.float32))
+params_st = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 0.25, 0.8, 1.0, 3.0]),
+    top_k=st.sampled_from([0, 1, 2, 5, 40]),
+    top_p=st.sampled_from([1.0, 0.99, 0.9, 0.5, 0.1]),
+    min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+)
+
+
+def _shifted(params: SamplingParams, delta: float) -> SamplingParams:
+    """Thresholds moved by ``delta`` towards a larger support."""
+    return SamplingParams(params.temperature, params.top_k, min(1.0, params.top_p + delta),
+                          max(0.0, params.min_p - delta))
+
+
+def assert_same(row: np.ndarray, params: SamplingParams, rtol: float = 1e-9,
+                delta: float = 1e-9) -> None:
+    ref = process(row, params)
+    got = distribution(row, params).dense()
+    if not np.array_equal(ref > 0, got > 0):
+        small = process(row, _shifted(params, -delta)) > 0
+        large = process(row, _shifted(params, delta)) > 0
+        assert np.all(small <= (got > 0)) and np.all((got > 0) <= large), "supports differ"
+        return
+    # atol: a probability below 2**-53 cannot be drawn by any float64 inverse-CDF sampler
+    # (float32 weights that small are subnormal and keep few digits)
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-17)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rows, params_st)
+@example(np.zeros(7, np.float32), SamplingParams(temperature=1.0, top_k=3))  # ties at the cut
+@example(np.zeros(10, np.float32), SamplingParams(temperature=1.0, top_p=0.5))
+@example(np.array([0, np.inf, 1, np.inf], np.float32), SamplingParams(temperature=0.8, top_k=1))
+@example(np.array([np.inf], np.float32), SamplingParams(temperature=0.0))
+@example(np.array([-np.inf, 3, -np.inf], np.float32), SamplingParams(temperature=1.0, top_k=2))
+def test_distribution_equals_the_dense_reference(row, params):
+    if np.all(row == -np.inf):
+        with pytest.raises(LogitsError):
+            distribution(row, params)
+        return
+    # The untruncated path computes its weights in float32: exp's argument (x - top) / T is
+    # rounded to ~6e-8 of itself, so a weight 30 temperatures down is off by ~2e-6 relative.
+    truncated = (0 < params.top_k < row.size or params.top_p < 1 or params.min_p > 0
+                 or params.greedy)
+    assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
+
+
+def test_nan_logits_raise():
+    row = np.array([0.0, np.nan, 1.0], np.float32)
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=1, top_k=2)):
+        with pytest.raises(LogitsError, match="NaN"):
+            distribution(row, params)
+
+
+def test_forms():
+    row = np.array([0.0, 3.0, 3.0, 1.0], np.float32)
+    assert isinstance(distribution(row, SamplingParams(temperature=0)), OneHot)
+    assert distribution(row, SamplingParams(temperature=0)).token == 1  # lowest id of the tie
+    assert isinstance(distribution(row, SamplingParams(temperature=1, top_k=2)), Sparse)
+    assert isinstance(distribution(row, SamplingParams(temperature=1)), Dense)
+    # a shorter (draft) row over a larger vocabulary: ids past it have probability 0
+    d = distribution(row, SamplingParams(temperature=1), n_vocab=10)
+    assert d.dense().shape == (10,) and d.prob(9) == 0.0
+
+
+def vocab_row(n: int = 151_936, seed: int = 0, top: float = 14.0) -> np.ndarray:
+    """A row shaped like a real model's: N(0, 2) bulk and a few high logits."""
+    rng = np.random.default_rng(seed)
+    row = rng.normal(0, 2, n).astype(np.float32)
+    row[rng.choice(n, 6, replace=False)] = top - np.array([0, 1, 1.8, 2.5, 3, 3.4])
+    return row
+
+
+@pytest.mark.parametrize("top", [9.0, 14.0, 20.0])  # flat (wide nucleus) to confident
+@pytest.mark.parametrize("mode", ["t0.8", "top_k40", "top_p0.95", "min_p0.05", "all"])
+def test_full_vocabulary_rows(top, mode):
+    params = {"t0.8": SamplingParams(temperature=0.8),
+              "top_k40": SamplingParams(temperature=0.8, top_k=40),
+              "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
+              "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
+              "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
+    # float32 weights (see above) for plain temperature; top-p over a very wide candidate set
+    # takes its total from the float32 pass, so its cut may move by 1e-6 of the mass
+    assert_same(vocab_row(top=top), params, rtol=1e-5 if mode == "t0.8" else 1e-9, delta=1e-6)
+
+
+class ScriptedRng:
+    def __init__(self, values):
+        self.values = list(values)
+
+    def random(self):
+        return self.values.pop(0)
+
+
+@given(rows.filter(lambda r: np.any(r > -np.inf)), st.floats(0, 1, exclude_max=True),
+       st.sampled_from([5, 40]))
+@settings(max_examples=200, deadline=None)
+def test_sparse_sample_equals_reference_sample_for_the_same_uniform(row, u, k):
+    params = SamplingParams(temperature=1.0, top_k=k)
+    d = distribution(row, params)
+    probs = d.dense()
+    assert d.sample(ScriptedRng([u])) == sample(probs, ScriptedRng([u]))
+
+
+def draws(fn, n=N_DRAWS, seed=0):
+    rng = np.random.default_rng(seed)
+    return Counter(fn(rng) for _ in range(n))
+
+
+def as_expected(probs: np.ndarray) -> dict[int, float]:
+    return {int(i): float(probs[i]) for i in np.flatnonzero(probs)}
+
+
+def test_dense_sampling_follows_its_distribution():
+    row = vocab_row(n=3000, top=6.0)  # mass spread over many blocks
+    d = distribution(row, SamplingParams(temperature=1.0))
+    assert isinstance(d, Dense)
+    assert chi2_pvalue(draws(d.sample), as_expected(d.dense())) > ALPHA
+
+
+def test_dense_sampling_catches_a_wrong_sampler():
+    # negative control: the test above would notice a sampler that ignores the last block
+    row = vocab_row(n=3000, top=6.0)
+    d = distribution(row, SamplingParams(temperature=1.0))
+    probs = d.dense()
+    wrong = probs.copy()
+    wrong[-256:] = 0
+    wrong /= wrong.sum()
+    assert chi2_pvalue(draws(lambda r: sample(wrong, r)), as_expected(probs)) < ALPHA
+
+
+@pytest.mark.parametrize("case", ["dense-dense", "dense-onehot", "sparse-sparse",
+                                  "sparse-onehot", "fallback"])
+def test_sample_residual_follows_the_residual(case, monkeypatch):
+    p_row = vocab_row(n=2000, seed=1, top=5.0)
+    q_row = p_row + np.random.default_rng(2).normal(0, 1.0, p_row.size).astype(np.float32)
+    params = SamplingParams(temperature=1.0, top_k=30 if case.startswith("sparse") else 0)
+    p, q = distribution(p_row, params), distribution(q_row, params)
+    x = int(np.argmax(p.dense()))
+    if case.endswith("onehot"):
+        q = None
+    if case == "fallback":  # no rejection-sampling tries: the dense residual straight away
+        monkeypatch.setattr(rejection, "RESIDUAL_TRIES", 0)
+    want = residual(p.dense(), None if q is None else q.dense(), x)
+    got = draws(lambda r: sample_residual(p, q, x, r))
+    assert chi2_pvalue(got, as_expected(want)) > ALPHA
+
+
+def test_sample_residual_when_p_equals_q_falls_back_to_p():
+    row = vocab_row(n=500, top=3.0)
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=20)):
+        p = distribution(row, params)
+        y = sample_residual(p, distribution(row, params), 0, np.random.default_rng(0))
+        assert p.prob(y) > 0
+
+
+def test_verify_accepts_dists_and_dense_vectors_alike():
+    # the same round, given as Dist objects and as the reference's dense vectors, consumes the
+    # same uniforms for the acceptance tests and so accepts the same number of drafts
+    rng_rows = np.random.default_rng(3)
+    params = SamplingParams(temperature=1.0, top_k=8)
+    rows = [rng_rows.normal(0, 1, 50).astype(np.float32) for _ in range(4)]
+    p = [distribution(r, params) for r in rows]
+    dense = [d.dense() for d in p]
+    tokens = [int(np.argmax(d)) for d in dense[:3]]
+    for seed in range(50):
+        a = verify(tokens, [None] * 3, p, np.random.default_rng(seed))
+        b = verify(tokens, [None] * 3, dense, np.random.default_rng(seed))
+        assert a.n_accepted == b.n_accepted
+    assert isinstance(Exact(dense[0]).sample(np.random.default_rng(0)), int)
