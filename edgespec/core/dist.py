@@ -24,6 +24,7 @@ import numpy as np
 
 #: ids per block of a Dense distribution's partial sums
 BLOCK = 256
+_ONES = np.ones(BLOCK, np.float32)
 
 
 class Dist(Protocol):
@@ -97,7 +98,7 @@ class Sparse:
 
 class Dense:
     """Weights over the first ``len(w)`` ids (float32, unnormalised; ids past them have
-    probability 0), with float64 sums per block of :data:`BLOCK` ids."""
+    probability 0), with sums per block of :data:`BLOCK` ids."""
 
     __slots__ = ("w", "n", "blocks", "total", "_cum")
 
@@ -105,7 +106,10 @@ class Dense:
         """``w``: weights padded with zeros to a multiple of :data:`BLOCK` (it is kept)."""
         self.w = w
         self.n = n
-        self.blocks = w.reshape(-1, BLOCK).sum(axis=1, dtype=np.float64)
+        # A matrix-vector product (BLAS) sums the blocks ~9x faster than a float64 reduction.
+        # Its float32 sums are off by ~1e-7 of a block's mass; `sample` picks a block by these
+        # sums, then a token within it by the block's exact float64 running sum.
+        self.blocks = (w.reshape(-1, BLOCK) @ _ONES).astype(np.float64)
         self.total = float(self.blocks.sum())
         self._cum: np.ndarray | None = None
 
@@ -122,6 +126,7 @@ class Dense:
             b -= 1
         u -= cum[b - 1] if b else 0.0
         local = np.cumsum(self.w[b * BLOCK:(b + 1) * BLOCK], dtype=np.float64)
+        u *= local[-1] / self.blocks[b]  # the block's float32 sum -> its float64 sum
         j = min(int(np.searchsorted(local, u, side="right")), BLOCK - 1)
         while self.w[b * BLOCK + j] == 0.0:
             j -= 1
