@@ -17,7 +17,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from edgespec.core import rejection
+from edgespec.core import rejection, sampling
 from edgespec.core.dist import Dense, Exact, OneHot, Sparse
 from edgespec.core.rejection import residual, sample_residual, verify
 from edgespec.core.sampling import SamplingParams, distribution, process, sample
@@ -80,6 +80,31 @@ def test_distribution_equals_the_dense_reference(row, params):
     assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
 
 
+# rows whose logits lie close together: many tokens per 1/8-octave bin of weight, so cuts land
+# inside bins and next to them
+close_rows = st.lists(st.one_of(st.floats(-1, 1, width=32), st.sampled_from([0.0, 0.5, -np.inf])),
+                      min_size=1, max_size=200).map(lambda v: np.array(v, np.float32))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(rows, close_rows).filter(lambda r: np.any(r > -np.inf)),
+       params_st.filter(lambda p: not p.greedy), st.sampled_from([1, 3, 8]))
+@example(np.zeros(40, np.float32), SamplingParams(temperature=1.0, top_p=0.5), 1)  # one bin
+@example(np.array([2.5] * 9 + [0.0] * 30, np.float32), SamplingParams(temperature=1.0, top_p=0.3),
+         3)  # the cut inside a tie
+@example(np.linspace(0, -0.5, 100).astype(np.float32), SamplingParams(temperature=1.0, top_p=0.25),
+         1)  # the nucleus just past the candidates: 21 tokens, 20 candidates
+def test_wide_row_paths_equal_the_dense_reference(row, params, guess):
+    # Small rows made to take the paths of a wide one: every row counts as wide, and top-p
+    # first looks among `guess` most likely tokens, then bins the float32 weights (a flat row)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_MAX_CANDIDATES", 0)
+        mp.setattr(sampling, "_NUCLEUS_GUESS", guess)
+        got = distribution(row, params)
+        rtol = 1e-5 if isinstance(got, Dense) else 1e-9
+        assert_same(row, params, rtol=rtol, delta=1e-6)
+
+
 def test_nan_logits_raise():
     row = np.array([0.0, np.nan, 1.0], np.float32)
     for params in (SamplingParams(temperature=0), SamplingParams(temperature=1, top_k=2)):
@@ -114,9 +139,14 @@ def test_full_vocabulary_rows(top, mode):
               "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
               "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
               "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
-    # float32 weights (see above) for plain temperature; top-p over a very wide candidate set
-    # takes its total from the float32 pass, so its cut may move by 1e-6 of the mass
-    assert_same(vocab_row(top=top), params, rtol=1e-5 if mode == "t0.8" else 1e-9, delta=1e-6)
+    # float32 weights (see above) for plain temperature and for top-p's flat rows (whose
+    # nucleus is most of the vocabulary: kept dense, the dropped weights zeroed); top-p over a
+    # very wide candidate set takes its total from the float32 pass, so its cut may move by
+    # 1e-6 of the mass
+    row = vocab_row(top=top)
+    dense = isinstance(distribution(row, params), Dense)
+    assert dense == (mode == "t0.8" or (mode == "top_p0.95" and top == 9.0))
+    assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
 
 class ScriptedRng:

@@ -15,7 +15,7 @@ This module is pure NumPy: it imports nothing from llama_cpp.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -154,9 +154,14 @@ def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams
     return Sparse(ids, w / w.sum(), n)
 
 
-#: bins per temperature of log-weight in the wide-nucleus search, and how many
-_BINS_PER_T = 8
-_N_BINS = int(_NEGLIGIBLE * _BINS_PER_T) + 1
+#: top-p on a wide row first looks for its nucleus among (a superset of) this many most
+#: likely tokens: a confident row's nucleus is there even when its tail is long
+_NUCLEUS_GUESS = 256
+#: a float32 weight's bits shifted right by this are its bin: 8 bins per octave of weight
+_BIN_SHIFT = 20
+#: the margin for a top-p cut against a total summed in float32: a cut that close to the
+#: threshold (1e-6 of the mass) may go either way
+_MARGIN = 1e-6
 
 
 def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDist:
@@ -166,30 +171,39 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
     if ids.size <= _MAX_CANDIDATES:
         # what is left out weighs below float64 resolution: the candidates' sum is the total
         return _filtered(x, top, ids, params, None, n)
-    # A flat row. One float32 pass gives every weight and the total; the weights are summed
-    # per bin of 1/8 temperature below the top, and the bin where the running mass crosses
-    # top_p is the only place where the order of tokens matters: every token in a higher bin
-    # is kept, every token in a lower one dropped, so only that bin's tokens are sorted.
+    # A wide row: one float32 pass gives every weight and the total.
     d = _dense(x, top, t, n)
+    if params.min_p > 0.0:
+        # min-p keeps a prefix of the same descending order as top-p: the shorter prefix wins,
+        # and the min-p bound holds it
+        ids = np.flatnonzero(x >= top + t * (np.log(params.min_p) - 1e-6))
+        return _filtered(x, top, ids, params, d.total, n)
+    cut = params.top_p * d.total * (1 + _MARGIN)
+    ids = _top_candidates(x, _NUCLEUS_GUESS)
+    if ids.size < x.size:
+        with np.errstate(under="ignore"):
+            mass = np.exp((x[ids].astype(np.float64) - top) / t).sum()
+        if mass >= cut:  # the nucleus is a prefix of these candidates
+            return _filtered(x, top, ids, params, d.total, n)
+    # A flat row: the nucleus holds a large part of the vocabulary. The weights are summed per
+    # bin of 1/8 octave (a float32's exponent and top 3 mantissa bits), and the bin where the
+    # running mass from the top crosses top_p is the only place where the order of tokens
+    # matters: higher bins are kept, lower ones dropped, and only the crossing bin is sorted.
+    # The result stays dense: the dropped weights are zeroed.
     w = d.w[: x.size]
-    depth = np.subtract(top, x, dtype=np.float32)
-    np.multiply(depth, np.float32(_BINS_PER_T / t), out=depth)
-    np.minimum(depth, np.float32(_N_BINS - 1), out=depth)
-    bins = depth.astype(np.intp)
-    mass = np.bincount(bins, weights=w, minlength=_N_BINS)
-    cum = np.cumsum(mass)
-    # a margin of 1e-6 of the mass for the float32 weights: a cut that close may go either way
-    j = int(np.searchsorted(cum, params.top_p * d.total * (1 + 1e-6)))
-    j = min(j, _N_BINS - 1)
-    band = np.flatnonzero(bins == j)
+    bins = np.right_shift(w.view(np.int32), _BIN_SHIFT)
+    above = np.cumsum(np.bincount(bins, weights=w)[::-1])  # mass from the top bin down
+    j = min(int(np.searchsorted(above, cut)), above.size - 1)
+    b = above.size - 1 - j  # the crossing bin
+    band = np.flatnonzero(bins == b)
     with np.errstate(under="ignore"):
         wb = np.exp((x[band].astype(np.float64) - top) / t)
     order = np.lexsort((band, -wb))  # descending weight, ties: lowest id first
-    ws = wb[order]
-    before = (cum[j - 1] if j else 0.0) + np.cumsum(ws) - ws
-    ids = np.sort(np.concatenate([np.flatnonzero(bins < j),
-                                  band[order[before < params.top_p * d.total]]]))
-    return _filtered(x, top, ids, replace(params, top_p=1.0), None, n)
+    ws = w[band[order]].astype(np.float64)
+    before = (above[j - 1] if j else 0.0) + np.cumsum(ws) - ws
+    w[bins < b] = 0.0
+    w[band[order[before >= params.top_p * d.total]]] = 0.0
+    return Dense(d.w, n)
 
 
 def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
