@@ -209,10 +209,12 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
 def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
     """Untruncated temperature: float32 weights exp((x - top) / t) in one pass."""
     size = -(-x.size // BLOCK) * BLOCK
-    w = np.zeros(size, np.float32)
+    w = np.empty(size, np.float32)
+    w[x.size:] = 0.0
     v = w[: x.size]
     np.subtract(x, np.float32(top), out=v)
-    np.multiply(v, np.float32(1.0 / t), out=v)
+    if t != 1.0:
+        np.multiply(v, np.float32(1.0 / t), out=v)
     with np.errstate(under="ignore"):
         np.exp(v, out=v)
     return Dense(w, n)
