@@ -16,7 +16,7 @@ one-hot proposal). The target then verifies them all in one batched call.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -111,10 +111,6 @@ class LookupDrafter:
         return Draft(match.tokens, [None] * len(match.tokens), "lookup", match.ngram)
 
 
-#: The draft model proposes from at most this many of its most likely tokens (see ModelDrafter).
-DRAFT_CANDIDATES = 64
-
-
 class ModelDrafter:
     """Sample k tokens autoregressively from a small GGUF model.
 
@@ -122,13 +118,6 @@ class ModelDrafter:
     draft tokens stay cached, rejected ones are dropped, so each round decodes only what is new.
     Logits are mapped onto the target's vocabulary (``n_vocab``) before processing, so ``q`` and
     the target's ``p`` are distributions over the same tokens.
-
-    The rejection test is exact for *any* proposal distribution ``q`` as long as the token is
-    drawn from the ``q`` the test is given (Leviathan et al. 2023, section 2.3): the draft
-    samples from its processed distribution cut to its :data:`DRAFT_CANDIDATES` most likely
-    tokens (an extra top-k on the draft side only). That skips a vocabulary-wide ``exp`` per
-    drafted token; what the draft gives up is its tail, which rarely holds an accepted token,
-    and the target still produces those tokens through the residual.
     """
 
     name = "model"
@@ -147,9 +136,6 @@ class ModelDrafter:
             self.model.sync(context[:-1])
             n_cached -= 1
         logits = self.model.decode(context[n_cached:], 1)[0]
-        if not params.greedy:
-            top_k = min(params.top_k or DRAFT_CANDIDATES, DRAFT_CANDIDATES)
-            params = replace(params, top_k=top_k)
         for i in range(k):
             if logits.size > self.n_vocab:  # padding rows past the target's vocabulary
                 logits = logits[: self.n_vocab]
