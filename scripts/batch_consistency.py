@@ -41,7 +41,8 @@ def one_setting(model: str, repack: bool, flash: bool, threads: int, long: bool)
                        add_special=False)
     cont = (cont * 4)[: max(KS)]
     be.decode(prompt, 0)
-    single = np.concatenate([be.decode([t], 1) for t in cont])
+    # (each decode's rows are a view of llama.cpp's buffer, valid until the next decode: copy)
+    single = np.concatenate([be.decode([t], 1).copy() for t in cont])
     worst = {}
     for k in KS:
         be.sync(prompt)

@@ -79,13 +79,14 @@ def test_kv_cache_matches_a_fresh_decode_after_sampled_run_with_rollbacks(tiny_e
     committed = prompt + ids(out)
     engine.target.sync(committed[:-1])
     assert engine.target.tokens == committed[:-1]
-    ours = engine.target.decode(committed[-1:], 1)[0]
+    ours = engine.target.decode(committed[-1:], 1)[0].copy()  # rows are valid until the next decode
 
     fresh = LlamaBackend(ModelOptions(path=engine.target.path, n_threads=engine.target.options.n_threads,
                                       n_ctx=engine.target.n_ctx))
     try:
         fresh.decode(prompt[:-1], 0)  # same prefill as the engine did
         theirs = fresh.decode(committed[len(prompt) - 1:], len(committed) - len(prompt) + 1)[-1]
+        theirs = theirs.copy()  # (and only while the backend is open)
     finally:
         fresh.close()
     np.testing.assert_array_equal(ours, theirs)

@@ -111,7 +111,7 @@ class KVLog:
                     assert self.batch_size[batch] == j - i, "a prefill batch was cut: not replayable"
                     fresh.decode(tokens[i:j], 0)
                 i = j
-            return out[-1]
+            return out[-1].copy()  # the backend's rows are a view of llama.cpp's buffer
         finally:
             fresh.close()
 
@@ -123,7 +123,7 @@ def next_logits(log: KVLog, context: list[int], *, cached: bool = True) -> np.nd
     n = be.sync(context[:-1])
     if cached:
         assert n == len(context) - 1 and be.tokens == context[:-1]
-    return be.decode(context[n:], 1)[-1]
+    return be.decode(context[n:], 1)[-1].copy()  # the view is only valid until the next decode
 
 
 def check_kv(log: KVLog, context: list[int], *, cached: bool = True) -> np.ndarray:
@@ -184,7 +184,9 @@ def test_two_thousand_tokens_with_rollbacks_keep_the_kv_cache_exact():
     start = time.perf_counter()
     engine = Engine.load(pair="tiny", drafter="model", n_ctx=2048, n_threads=1, progress=False)
     try:
-        engine.draft = TemperedDraft(engine.draft, 0.6)
+        # an overconfident draft (logits x3): it proposes its own argmax nearly always, and the
+        # target often disagrees, so the draft's cache is rolled back often
+        engine.draft = TemperedDraft(engine.draft, 3.0)
         # Sampled text may reach the end-of-text token early, and where depends on the seed, the
         # sampler's draws and the CPU's kernels; this test is about the cache, so every turn runs
         # its whole budget (the end token is then decoded as ordinary text).
@@ -193,11 +195,11 @@ def test_two_thousand_tokens_with_rollbacks_keep_the_kv_cache_exact():
         song = engine.prompt_tokens(SONG, chat=False)
         lookup = SamplingParams(temperature=1.0, seed=11)
         turns = [  # (prompt, drafter, sampling, max_tokens, check the target mid-stream at)
-            (SONG, "lookup", lookup, 800, 300),
-            (SONG + "The sea said:", "model", SamplingParams(temperature=1.0, seed=12), 150, None),
+            (SONG, "lookup", lookup, 750, 300),
+            (SONG + "The sea said:", "model", SamplingParams(temperature=1.0, seed=12), 250, None),
             (SONG + "And the moon:", "hybrid", SamplingParams(temperature=0.9, top_p=0.95, seed=13),
              250, None),
-            (SONG, "lookup", lookup, 800, None),  # the first turn again
+            (SONG, "lookup", lookup, 750, None),  # the first turn again
         ]
         runs, rejections, seconds = [], 0, []
         for n, (prompt, drafter, params, max_tokens, check_at) in enumerate(turns):

@@ -314,10 +314,18 @@ def test_tiny_greedy_stream_is_exact_utf8_for_every_drafter(tiny_engine, case):
                                           ("hybrid", "emoji-mix"), ("hybrid", "cjk")])
 def test_tiny_sampled_stream_is_exact_utf8(tiny_engine, drafter, case):
     engine = tiny_engine
-    chunks = stream_chunks(engine, TINY_CASES[case][0], max_tokens=30, drafter=drafter,
-                           sampling=SamplingParams(temperature=0.8, seed=7))
-    check_stream(chunks, engine.target.token_bytes)
-    assert inner_boundaries(token_pieces(engine, chunks)) > 0
+    # Whether a sampled answer writes a split character at all depends on the draws (the
+    # model may answer in English): every stream must be exact, and seeds are tried until one
+    # has generated a character split across tokens (the check is then not vacuous).
+    split = 0
+    for seed in range(7, 19):
+        chunks = stream_chunks(engine, TINY_CASES[case][0], max_tokens=30, drafter=drafter,
+                               sampling=SamplingParams(temperature=0.8, seed=seed))
+        check_stream(chunks, engine.target.token_bytes)
+        split = inner_boundaries(token_pieces(engine, chunks))
+        if split:
+            break
+    assert split > 0
 
 
 def cut_inside_a_character(pieces: list[bytes]) -> int:

@@ -317,8 +317,9 @@ class LlamaBackend:
 
         The result has shape ``(n_logits, n_vocab)``, float32; row j predicts the token after
         ``tokens[len(tokens) - n_logits + j]``. Only those rows are computed by llama.cpp. It is
-        read-only and only valid until the next ``decode``: when one llama_decode call produced
-        every row, it is llama.cpp's own output buffer (no copy).
+        read-only and only valid until the next ``decode`` or ``close``: when one llama_decode
+        call produced every row, it is llama.cpp's own output buffer (no copy). Copy what you
+        keep.
         """
         if not 0 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
