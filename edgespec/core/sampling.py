@@ -167,10 +167,10 @@ _MARGIN = 1e-6
 def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDist:
     """top-p without top-k: the normaliser is the whole row's weight."""
     t = params.temperature
-    ids = np.flatnonzero(x >= top - _NEGLIGIBLE * t)
-    if ids.size <= _MAX_CANDIDATES:
+    close = x >= top - _NEGLIGIBLE * t
+    if np.count_nonzero(close) <= _MAX_CANDIDATES:  # (counted: a wide row's ids are not needed)
         # what is left out weighs below float64 resolution: the candidates' sum is the total
-        return _filtered(x, top, ids, params, None, n)
+        return _filtered(x, top, np.flatnonzero(close), params, None, n)
     # A wide row: one float32 pass gives every weight and the total.
     d = _dense(x, top, t, n)
     if params.min_p > 0.0:
