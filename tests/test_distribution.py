@@ -44,7 +44,7 @@ params_st = st.builds(
 def _shifted(params: SamplingParams, delta: float) -> SamplingParams:
     """Thresholds moved by ``delta`` towards a larger support."""
     return SamplingParams(params.temperature, params.top_k, min(1.0, params.top_p + delta),
-                          max(0.0, params.min_p - delta))
+                          min(1.0, max(0.0, params.min_p - delta)))
 
 
 def assert_same(row: np.ndarray, params: SamplingParams, rtol: float = 1e-9,
@@ -86,20 +86,33 @@ close_rows = st.lists(st.one_of(st.floats(-1, 1, width=32), st.sampled_from([0.0
                       min_size=1, max_size=200).map(lambda v: np.array(v, np.float32))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.one_of(rows, close_rows).filter(lambda r: np.any(r > -np.inf)),
-       params_st.filter(lambda p: not p.greedy), st.sampled_from([1, 3, 8]))
-@example(np.zeros(40, np.float32), SamplingParams(temperature=1.0, top_p=0.5), 1)  # one bin
+       params_st.filter(lambda p: not p.greedy), st.sampled_from([1, 3, 8]),
+       st.sampled_from([(4096, 24), (16, 1), (8, 0), (32, 2), (0, 0)]))
+@example(np.zeros(40, np.float32), SamplingParams(temperature=1.0, top_p=0.5), 1, (0, 0))  # one bin
 @example(np.array([2.5] * 9 + [0.0] * 30, np.float32), SamplingParams(temperature=1.0, top_p=0.3),
-         3)  # the cut inside a tie
+         3, (0, 0))  # the cut inside a tie
 @example(np.linspace(0, -0.5, 100).astype(np.float32), SamplingParams(temperature=1.0, top_p=0.25),
-         1)  # the nucleus just past the candidates: 21 tokens, 20 candidates
-def test_wide_row_paths_equal_the_dense_reference(row, params, guess):
+         1, (0, 0))  # the nucleus just past the candidates: 21 tokens, 20 candidates
+@example(np.array([0.0, -2.220446049250313e-16, 0.0], np.float32),
+         SamplingParams(temperature=3.0, top_p=0.5), 1, (4096, 24))  # weights 1 ulp apart
+@example(np.array([0.0 if i % 2 == 0 else -3 - 0.01 * i for i in range(200)], np.float32),
+         SamplingParams(temperature=1.0, top_p=0.99), 1, (100, 0))  # the sample (even ids)
+# sees no light token: the guessed band is above the cut, the check must send it to the bins
+def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket):
     # Small rows made to take the paths of a wide one: every row counts as wide, and top-p
-    # first looks among `guess` most likely tokens, then bins the float32 weights (a flat row)
+    # first looks among `guess` most likely tokens, then (a flat row) brackets the cut from a
+    # strided sample of `bracket[0]` weights, `bracket[1]` sample ranks either side, and if
+    # that fails bins the float32 weights (a sample of 0: always the bins)
+    sample_size, ranks = bracket
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampling, "_MAX_CANDIDATES", 0)
         mp.setattr(sampling, "_NUCLEUS_GUESS", guess)
+        mp.setattr(sampling, "_SAMPLE", max(sample_size, 1))
+        if not sample_size:
+            mp.setattr(sampling, "_bracketed", lambda *a: None)
+        mp.setattr(sampling, "_BRACKET", ranks)
         got = distribution(row, params)
         rtol = 1e-5 if isinstance(got, Dense) else 1e-9
         assert_same(row, params, rtol=rtol, delta=1e-6)
@@ -144,9 +157,12 @@ def test_full_vocabulary_rows(top, mode):
     # very wide candidate set takes its total from the float32 pass, so its cut may move by
     # 1e-6 of the mass
     row = vocab_row(top=top)
-    dense = isinstance(distribution(row, params), Dense)
-    assert dense == (mode == "t0.8" or (mode == "top_p0.95" and top == 9.0))
-    assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
+    with pytest.MonkeyPatch.context() as mp:
+        # the flat row's cut is found by the bracket, not the bins' fallback
+        mp.setattr(sampling, "_binned", None)
+        dense = isinstance(distribution(row, params), Dense)
+        assert dense == (mode == "t0.8" or (mode == "top_p0.95" and top == 9.0))
+        assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
 
 class ScriptedRng:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from ..errors import ConfigError, LogitsError
-from .dist import BLOCK, AnyDist, Dense, OneHot, Sparse, sample  # noqa: F401 (sample: API)
+from .dist import BLOCK, AnyDist, Dense, OneHot, Sparse, block_sums, sample  # noqa: F401 (sample: API)
 
 #: top-p first looks among this many most likely tokens: partitioning is O(V), a full sort of a
 #: 152k vocabulary is not. If the nucleus is larger, it falls back to the full sort (same result).
@@ -185,24 +185,68 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
             mass = np.exp((x[ids].astype(np.float64) - top) / t).sum()
         if mass >= cut:  # the nucleus is a prefix of these candidates
             return _filtered(x, top, ids, params, d.total, n)
-    # A flat row: the nucleus holds a large part of the vocabulary. The weights are summed per
-    # bin of 1/8 octave (a float32's exponent and top 3 mantissa bits), and the bin where the
-    # running mass from the top crosses top_p is the only place where the order of tokens
-    # matters: higher bins are kept, lower ones dropped, and only the crossing bin is sorted.
-    # The result stays dense: the dropped weights are zeroed.
+    # A flat row: the nucleus holds a large part of the vocabulary, and stays dense (the
+    # dropped weights are zeroed).
+    return _bracketed(x, d, top, params, n) or _binned(x, d, top, params, n)
+
+
+#: the flat-row search estimates the cut from a strided sample of this many weights, and
+#: brackets it by this many sample ranks on either side
+_SAMPLE = 4096
+_BRACKET = 24
+
+
+def _bracketed(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
+               n: int) -> Dense | None:
+    """A flat row's nucleus, if a strided sample brackets its cut: the sample's running mass
+    from the lightest token up (scaled) guesses the cut's weight, two weights a few sample ranks
+    on either side of it bound a band, and two sums check that the cut lies in that band. Every token above the
+    band is then kept, every token below dropped, and only the band is sorted. ``None`` if the
+    check fails (the caller falls back to :func:`_binned`)."""
+    w = d.w  # padded with zeros to whole blocks
+    goal = params.top_p * d.total
+    stride = max(1, x.size // _SAMPLE)
+    # from the bottom: the dropped tail is many light tokens, whose mass a sample estimates
+    # well (the few heavy tokens at the top it does not)
+    sample_ = np.sort(w[: x.size: stride])
+    r = int(np.searchsorted(np.cumsum(sample_, dtype=np.float64) * stride, d.total - goal))
+    if r < _BRACKET or r + _BRACKET >= sample_.size:
+        return None
+    lo, hi = sample_[r - _BRACKET], sample_[r + _BRACKET]
+    above = w > hi
+    kept = w * above  # (masked sums and stores are several times slower than products)
+    mass_above = float(block_sums(kept).sum())
+    band = np.flatnonzero((w[: x.size] >= lo) & ~above[: x.size])
+    if not (mass_above < goal <= mass_above + float(w[band].sum(dtype=np.float64))):
+        return None
+    np.multiply(w, w >= lo, out=w)  # below the band: dropped
+    return _cut_band(x, d, top, params, band, mass_above, n)
+
+
+def _binned(x: np.ndarray, d: Dense, top: float, params: SamplingParams, n: int) -> Dense:
+    """A flat row's nucleus, always: the weights are summed per bin of 1/8 octave (a float32's
+    exponent and top 3 mantissa bits), and the bin where the running mass from the top crosses
+    top_p is the band to sort: higher bins are kept, lower ones dropped."""
     w = d.w[: x.size]
+    cut = params.top_p * d.total * (1 + _MARGIN)
     bins = np.right_shift(w.view(np.int32), _BIN_SHIFT)
     above = np.cumsum(np.bincount(bins, weights=w)[::-1])  # mass from the top bin down
     j = min(int(np.searchsorted(above, cut)), above.size - 1)
     b = above.size - 1 - j  # the crossing bin
-    band = np.flatnonzero(bins == b)
+    np.multiply(w, bins >= b, out=w)
+    return _cut_band(x, d, top, params, np.flatnonzero(bins == b), above[j - 1] if j else 0.0, n)
+
+
+def _cut_band(x: np.ndarray, d: Dense, top: float, params: SamplingParams, band: np.ndarray,
+              mass_above: float, n: int) -> Dense:
+    """Keep the band's tokens, in descending order (ties: lowest id), while the mass before
+    them is short of top_p; zero the rest of the band."""
     with np.errstate(under="ignore"):
-        wb = np.exp((x[band].astype(np.float64) - top) / t)
-    order = np.lexsort((band, -wb))  # descending weight, ties: lowest id first
-    ws = w[band[order]].astype(np.float64)
-    before = (above[j - 1] if j else 0.0) + np.cumsum(ws) - ws
-    w[bins < b] = 0.0
-    w[band[order[before >= params.top_p * d.total]]] = 0.0
+        wb = np.exp((x[band].astype(np.float64) - top) / params.temperature)
+    order = np.lexsort((band, -wb))
+    ws = d.w[band[order]].astype(np.float64)
+    before = mass_above + np.cumsum(ws) - ws
+    d.w[band[order[before >= params.top_p * d.total]]] = 0.0
     return Dense(d.w, n)
 
 
@@ -254,8 +298,10 @@ def process(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs[int(np.argmax(x))] = 1.0
         return probs
 
+    # The filters only compare weights with each other and with a fraction of their total or
+    # maximum, so they run on the unnormalised weights: dividing first could round two
+    # different weights onto one value and turn an order into a tie.
     probs = np.exp((x - top) / params.temperature)
-    probs /= probs.sum()
     if params.top_k and params.top_k < probs.size:
         _keep_top_k(probs, params.top_k)
     if params.top_p < 1.0:
