@@ -21,7 +21,7 @@ from edgespec import Engine, SamplingParams, config  # noqa: E402
 from edgespec.bench.prompts import load_prompts  # noqa: E402
 from edgespec.core.costs import CostCurve, measure_target_curve  # noqa: E402
 from edgespec.core.lookup import find_continuation  # noqa: E402
-from edgespec.core.lookup import matched_prefix as matched
+from edgespec.core.lookup import common_prefix as matched  # noqa: E402
 from edgespec.core.policy import Policy  # noqa: E402
 
 NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)

@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from edgespec.core.lookup import common_prefix
 from edgespec.errors import ContextOverflowError
 
 
@@ -126,16 +127,6 @@ class DecodeCall:
 def default_vocab(n_vocab: int) -> list[bytes]:
     """Token i is one printable character (distinct for up to 94 tokens)."""
     return [bytes([33 + i % 94]) for i in range(n_vocab)]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class FakeLM:

@@ -13,6 +13,7 @@ from itertools import product
 import numpy as np
 import pytest
 
+from edgespec.core.lookup import common_prefix
 from edgespec.core.rejection import Source
 from edgespec.core.sampling import SamplingParams, make_rng, process
 from edgespec.core.stats import Stats
@@ -20,7 +21,7 @@ from edgespec.runtime import loop
 from edgespec.runtime.drafters import AutoDrafter, Draft, make_drafter
 from edgespec.runtime.loop import prefill, rounds
 
-from .fakes import FakeLM, LogitTable, Perturbed, Table, common_prefix, pair
+from .fakes import FakeLM, LogitTable, Perturbed, Table, pair
 from .stats_util import ALPHA, chi2_pvalue
 
 GREEDY = SamplingParams(temperature=0)

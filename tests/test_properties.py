@@ -19,7 +19,7 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from edgespec.core.lookup import LookupMatch, find_continuation, matched_prefix
+from edgespec.core.lookup import LookupMatch, common_prefix, find_continuation
 from edgespec.core.rejection import Source, residual, verify
 from edgespec.core.sampling import SamplingParams, make_rng, process, sample
 from edgespec.errors import LogitsError
@@ -517,8 +517,8 @@ def test_lookup_drafter_proposes_the_continuation_as_one_hot_drafts(tokens, boun
 
 @PROPS
 @given(streams, streams)
-def test_matched_prefix_is_the_longest_common_prefix(proposal, actual):
-    m = matched_prefix(proposal, actual)
+def test_common_prefix_is_the_longest_common_prefix(proposal, actual):
+    m = common_prefix(proposal, actual)
     assert 0 <= m <= min(len(proposal), len(actual))
     assert proposal[:m] == actual[:m]
     assert m == min(len(proposal), len(actual)) or proposal[m] != actual[m]
@@ -537,4 +537,4 @@ def test_periodic_text_proposals_are_always_right(tokens, bounds, max_tokens):
                               max_tokens=max_tokens)
     assert match is not None and match.ngram == max_ngram
     future = (period * (len(text) + max_tokens))[len(text): len(text) + max_tokens]
-    assert matched_prefix(match.tokens, future) == len(match.tokens)
+    assert common_prefix(match.tokens, future) == len(match.tokens)

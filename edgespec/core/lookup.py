@@ -83,23 +83,13 @@ class NgramIndex:
         return None
 
 
-def matched_prefix(proposal: Sequence[int], actual: Sequence[int]) -> int:
-    """How many leading tokens of ``proposal`` equal ``actual`` (the accepted run of a one-hot
-    draft under greedy decoding, or its shadow comparison)."""
-    n = 0
-    for a, b in zip(proposal, actual):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
-def common_prefix(a: list[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (a KV cache and a wanted prefix)."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``: a KV cache and a wanted prefix,
+    or a one-hot draft and the tokens committed after it (its accepted run under greedy)."""
     n = min(len(a), len(b))
-    if list(b[:n]) == a[:n]:  # the usual case each round, compared at C speed
+    if list(b[:n]) == a[:n]:  # the usual case each round (lists), compared at C speed
         return n
     i = 0
-    while a[i] == b[i]:
+    while i < n and a[i] == b[i]:
         i += 1
     return i

@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
-from ..core.lookup import NgramIndex, find_continuation, matched_prefix
+from ..core.lookup import NgramIndex, common_prefix, find_continuation
 from ..core.dist import AnyDist
 from ..core.sampling import SamplingParams, distribution
 from ..errors import ConfigError
@@ -238,7 +238,7 @@ class AutoDrafter:
         policy.curve.observe(n, outcome.t_target)
         shadow = self._shadow
         if shadow is not None and shadow.tokens:
-            matched = matched_prefix(shadow.tokens, outcome.new_tokens)
+            matched = common_prefix(shadow.tokens, outcome.new_tokens)
             # A mismatch is only seen if the round committed a token at that position.
             seen_mismatch = matched < min(len(shadow.tokens), len(outcome.new_tokens))
             policy.lookup_estimate(shadow.ngram).update(matched, seen_mismatch)
