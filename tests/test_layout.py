@@ -160,15 +160,21 @@ def test_core_never_touches_llama_cpp():
             assert not any(n.split(".")[0] == "llama_cpp" for n in names), path
 
 
+def _fresh(code: str, *args: str, timeout: float) -> str:
+    """Run ``code`` in a fresh interpreter from the repository root; assert it succeeded and
+    return its standard output."""
+    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         cwd=ROOT, timeout=timeout)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
 def test_core_imports_without_llama_cpp():
     """Importing every core module loads no llama_cpp (checked in a fresh interpreter)."""
     code = ("import sys, pkgutil, importlib, edgespec.core as c\n"
             "for m in pkgutil.iter_modules(c.__path__): importlib.import_module('edgespec.core.' + m.name)\n"
             "print(sorted(k for k in sys.modules if k.split('.')[0] == 'llama_cpp'))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "[]"
+    assert _fresh(code, timeout=60).strip() == "[]"
 
 
 def test_every_module_imports_in_a_fresh_interpreter():
@@ -180,9 +186,7 @@ def test_every_module_imports_in_a_fresh_interpreter():
             "    for k in [k for k in sys.modules if k.split('.')[0] in ('edgespec', 'tui')]:\n"
             "        del sys.modules[k]\n"
             "    importlib.import_module(name)\n")
-    res = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
-    assert res.returncode == 0, res.stderr
+    _fresh(code, *names, timeout=300)
 
 
 def test_every_public_name_resolves():
@@ -191,7 +195,4 @@ def test_every_public_name_resolves():
     code = ("import edgespec\n"
             "for name in edgespec.__all__: getattr(edgespec, name)\n"
             "print(len(edgespec.__all__))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert int(res.stdout) >= 10
+    assert int(_fresh(code, timeout=120)) >= 10

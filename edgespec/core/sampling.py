@@ -199,10 +199,10 @@ _BRACKET = 24
 def _bracketed(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
                n: int) -> Dense | None:
     """A flat row's nucleus, if a strided sample brackets its cut: the sample's running mass
-    from the lightest token up (scaled) guesses the cut's weight, two weights a few sample ranks
-    on either side of it bound a band, and two sums check that the cut lies in that band. Every token above the
-    band is then kept, every token below dropped, and only the band is sorted. ``None`` if the
-    check fails (the caller falls back to :func:`_binned`)."""
+    from the lightest token up (scaled) guesses the cut's weight, two weights a few sample
+    ranks on either side of it bound a band, and two sums check that the cut lies in that band.
+    Every token above the band is then kept, every token below dropped, and only the band is
+    sorted. ``None`` if the check fails (the caller falls back to :func:`_binned`)."""
     w = d.w  # padded with zeros to whole blocks
     goal = params.top_p * d.total
     stride = max(1, x.size // _SAMPLE)
