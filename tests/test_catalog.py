@@ -11,6 +11,8 @@ import pytest
 from edgespec.errors import ConfigError, ModelError
 from edgespec.models.catalog import (
     HfSource,
+    HubEntry,
+    ModelEntry,
     LocalSource,
     PypiSource,
     default_catalog_path,
@@ -65,7 +67,7 @@ def test_default_catalog_is_the_repo_file():
 
 def test_shipped_models_match_models_md():
     cat = load_catalog()
-    assert set(cat.models) == set(EXPECTED)
+    assert {n for n, m in cat.models.items() if isinstance(m, ModelEntry)} == set(EXPECTED)
     for name, (file, size, sha) in EXPECTED.items():
         m = cat.models[name]
         assert (m.file, m.size, m.sha256) == (file, size, sha)
@@ -110,11 +112,47 @@ def test_shipped_pairs():
     tiny = resolve_pair("tiny")
     assert (tiny.target, tiny.draft) == (TINY, TINY)
     assert cat.roles(TINY) == [("tiny", "target"), ("tiny", "draft")]
-    assert cat.roles(DRAFT) == [("default", "draft")]
+    assert cat.roles(DRAFT) == [("default", "draft"), ("coder-3b", "draft"), ("coder-7b", "draft"),
+                                ("coder-14b", "draft"), ("coder-32b", "draft")]
+
+
+# The pairs the catalog promises (issue 16): target repository -> draft repository, same family.
+HUB_PAIRS = {
+    "Qwen/Qwen2.5-Coder-3B-Instruct-GGUF": "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF": "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    "Qwen/Qwen2.5-Coder-14B-Instruct-GGUF": "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    "Qwen/Qwen2.5-Coder-32B-Instruct-GGUF": "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    "Qwen/Qwen2.5-7B-Instruct-GGUF": "Qwen/Qwen2.5-0.5B-Instruct-GGUF",
+    "Qwen/Qwen2.5-14B-Instruct-GGUF": "Qwen/Qwen2.5-0.5B-Instruct-GGUF",
+    "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF": "bartowski/Llama-3.2-1B-Instruct-GGUF",
+    "Qwen/Qwen3-8B-GGUF": "Qwen/Qwen3-0.6B-GGUF",
+    "Qwen/Qwen3-14B-GGUF": "Qwen/Qwen3-0.6B-GGUF",
+    "Qwen/Qwen3-32B-GGUF": "Qwen/Qwen3-0.6B-GGUF",
+}
+
+
+def _repo(entry) -> str:
+    if isinstance(entry, HubEntry):
+        return entry.repo
+    return next(s.repo for s in entry.sources if isinstance(s, HfSource))
+
+
+def test_shipped_hub_pairs():
+    cat = load_catalog()
+    got = {_repo(cat.models[p.target]): _repo(cat.models[p.draft]) for p in cat.pairs.values()}
+    for target, draft in HUB_PAIRS.items():
+        assert got.get(target) == draft, target
+    for entry in cat.models.values():
+        assert entry.params is not None, entry.name  # drafts are ordered by size
+        if isinstance(entry, HubEntry):
+            assert entry.quant == ("Q8_0" if entry.repo == "Qwen/Qwen3-0.6B-GGUF" else "Q4_K_M")
+    # every pinned model records its tokenizer, as its file gives it
+    assert cat.models[TARGET].tokenizer == cat.models[DRAFT].tokenizer
+    assert cat.models[TINY].tokenizer.n_tokens == 49152
 
 
 def test_unknown_pair_lists_known():
-    with pytest.raises(ConfigError, match="unknown pair 'nope'; known pairs: default, tiny"):
+    with pytest.raises(ConfigError, match="unknown pair 'nope'; known pairs: coder-14b, .*default, .*tiny"):
         resolve_pair("nope")
 
 
@@ -134,8 +172,9 @@ def test_expand_path(monkeypatch, tmp_path):
 
 
 def test_looks_like_path():
-    assert looks_like_path("./x") and looks_like_path("a/b") and looks_like_path("m.GGUF")
+    assert looks_like_path("./x") and looks_like_path("a/b.gguf") and looks_like_path("m.GGUF")
     assert not looks_like_path("qwen2.5-coder-0.5b-instruct-q4_k_m")
+    assert not looks_like_path("a/b") and not looks_like_path("a/b/c.gguf")  # hub references
 
 
 # --------------------------------------------------------------------------- validation
@@ -175,7 +214,7 @@ def test_minimal_catalog_and_env_override(tmp_path, monkeypatch):
     "text, message",
     [
         ("models = {}", "lists no models"),
-        ("schema = 2\n" + GOOD_MODEL, "unsupported schema 2"),
+        ("schema = 3\n" + GOOD_MODEL, "unsupported schema 3"),
         ("colour = 1\n" + GOOD_MODEL, "unknown key"),
         (GOOD_MODEL.replace('sha256 = "' + "a" * 64, 'sha256 = "' + "a" * 63), "sha256: must be 64 hex digits"),
         (GOOD_MODEL.replace("size = 10", "size = -1"), "size: must be a positive integer"),

@@ -567,7 +567,8 @@ def test_cli_list_pull_path(env, two_models, fast_pip):
     listed = _run("list")
     assert listed.exit_code == 0
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines() if line.startswith("fake-")}
-    assert rows[FAKE_A][3] == "no" and rows[FAKE_A][4:] == ["fakepair", "(target)"]
+    assert rows[FAKE_A][1] == "pinned" and rows[FAKE_A][4] == "no"
+    assert rows[FAKE_A][5:] == ["fakepair", "(target)"]
 
     missing = _run("path", FAKE_B)
     assert missing.exit_code == 1

@@ -321,6 +321,10 @@ class ChatApp(App[None]):
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
         self.baseline = message.baseline
+        choice = getattr(self.engine, "draft_choice", None)
+        if choice is not None:  # the draft was picked for this target: say which and why
+            picked = f"draft {choice.draft}: {choice.reason}" if choice.draft else choice.reason
+            self.notify(picked, title="draft model", timeout=8)
         if self.drafter in ("model", "hybrid") and not self._has_draft_model():
             self.notify(f"no draft model loaded: drafter {self.drafter} → lookup", severity="warning")
             self.drafter = "lookup"

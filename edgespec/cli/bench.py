@@ -210,9 +210,8 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
 def _load(opts: dict):
     from ..runtime.drafters import DRAFTER_NAMES
 
-    has_draft = opts["target"] is None or opts["draft"] is not None
-    drafter = ("auto" if "auto" in DRAFTER_NAMES else "hybrid") if has_draft else "lookup"
-    return load_engine(dict(opts, drafter=drafter))
+    # a target without --draft gets the draft picked for it (or none: lookup only)
+    return load_engine(dict(opts, drafter="auto" if "auto" in DRAFTER_NAMES else "hybrid"))
 
 
 def _resolve_paths(opts: dict) -> tuple[Path, Path | None]:
@@ -225,6 +224,10 @@ def _resolve_paths(opts: dict) -> tuple[Path, Path | None]:
         pair = resolve_pair(opts["pair"])
         target, draft = pair.target, draft if draft is not None else pair.draft
     t = resolve_model(str(target), download=True, progress=True)
+    if draft is None:
+        from ..models.drafts import choose_draft
+
+        draft = choose_draft(str(target), t).draft
     d = resolve_model(str(draft), download=True, progress=True) if draft is not None else None
     return t, d
 

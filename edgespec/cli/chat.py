@@ -43,7 +43,8 @@ def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
                             sampling=sampling, max_tokens=max_tokens, system=system,
                             calibrate=calibrate, calibration_tokens=calibration_tokens)
     # Load the draft model whenever there is one, so the drafter can be switched in the
-    # app; with a target and no draft, only lookup and none can run (the app says so).
+    # app; a target without --draft gets one picked for it, or lookup and none only (the app
+    # says which).
     load_opts = dict(opts, drafter="auto")  # loads the draft if there is one, measures costs
 
     def factory(report):
@@ -60,9 +61,9 @@ def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
 
 
 def models_to_fetch(opts: dict) -> list[str]:
-    """Catalog models the load will have to download (name and size), best effort."""
+    """Catalog and hub models the load will have to download (name and size), best effort."""
     from edgespec.errors import EdgespecError
-    from edgespec.models.catalog import load_catalog, looks_like_path
+    from edgespec.models.catalog import HubEntry, hub_ref_of, load_catalog, looks_like_path
     from edgespec.models.download import verified_path
 
     try:
@@ -74,9 +75,16 @@ def models_to_fetch(opts: dict) -> list[str]:
         names = [target] + ([draft] if draft is not None and opts["drafter"] in ("model", "hybrid") else [])
         missing = []
         for name in names:
-            if looks_like_path(name) or name not in catalog.models:
+            ref = hub_ref_of(name)
+            entry = catalog.models.get(name)
+            if ref is not None or isinstance(entry, HubEntry):
+                from edgespec.models import hub
+
+                if hub.is_cached(ref or entry.ref) is None:
+                    missing.append(f"{name} (from the hub)")
                 continue
-            entry = catalog.models[name]
+            if looks_like_path(name) or entry is None:
+                continue
             if verified_path(entry) is None:
                 missing.append(f"{name} ({entry.size / 1e9:.1f} GB)")
         return missing

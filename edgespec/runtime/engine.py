@@ -7,7 +7,9 @@ provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the st
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -22,9 +24,11 @@ from ..core.rejection import Source
 from ..core.sampling import SamplingParams, make_rng
 from ..core.stats import Stats
 from ..core.textstream import TextStream
-from ..errors import ConfigError, ContextOverflowError, EdgespecError
+from ..errors import ConfigError, ContextOverflowError, EdgespecError, IncompatibleDraftError
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
 from .loop import prefill, rounds
+
+log = logging.getLogger(__name__)
 
 Prompt = str | Sequence[dict[str, str]]
 
@@ -118,6 +122,33 @@ def effective_draft_length(drafter: str, k: int | None) -> int:
     return config.AUTO_MAX_DRAFT_LENGTH if drafter == "auto" else config.DEFAULT_DRAFT_LENGTH
 
 
+def _note(progress: bool, message: str) -> None:
+    """A one-line note: logged, and on stderr when progress output is wanted."""
+    log.info(message)
+    if progress:
+        print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
+    """The draft picked for a target given without one, and its file (``None``: lookup drafting
+    only), said on stderr with ``progress``."""
+    from ..models.drafts import DraftChoice, choose_draft
+    from ..models.resolve import resolve_model
+
+    choice = choose_draft(target, target_path)
+    if choice.draft is None:
+        _note(progress, choice.reason)
+        return choice, None
+    _note(progress, f"draft {choice.draft} picked: {choice.reason}")
+    try:
+        return choice, resolve_model(choice.draft, download=download, progress=progress)
+    except EdgespecError as err:
+        # A draft picked for the user must not cost them the answer: say why and go on.
+        reason = f"the picked draft {choice.draft} is not available ({err}): lookup drafting only"
+        _note(progress, reason)
+        return DraftChoice(None, reason), None
+
+
 @dataclass
 class Costs:
     """This machine's measured costs: the target's t(n) curve (refined by every round that
@@ -154,6 +185,8 @@ class Engine:
             raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
         self.draft_length = validate_draft_length(draft_length)
         self.costs: Costs | None = None
+        #: the draft :meth:`load` picked for the target, and why (``None``: none was picked)
+        self.draft_choice = None
         self._lock = threading.Lock()
         self._owner: int | None = None  #: the thread generating (holding _lock), if any
 
@@ -179,10 +212,15 @@ class Engine:
         download: bool = True,
         progress: bool = True,
     ) -> "Engine":
-        """Load models by catalog name or GGUF path (catalog models are fetched on first use).
+        """Load models by catalog name, hub reference (``OWNER/REPO[:QUANT]``,
+        ``OWNER/REPO/FILE.gguf``) or GGUF path; catalog and hub models are fetched on first use.
 
         With no ``target``, the catalog pair ``pair`` gives target and draft. With an explicit
-        ``target`` and no ``draft``, no draft model is loaded (drafters ``none``, ``lookup``).
+        ``target`` and no ``draft``, a drafter that uses a draft model (``auto``, ``model``,
+        ``hybrid``) gets one picked for the target (:func:`edgespec.models.drafts.choose_draft`:
+        the catalog's pair, else the smallest catalog draft with the target's tokenizer); when
+        none fits, drafting is by lookup only. The pick and why are in :attr:`draft_choice`
+        (``None`` when no pick was made) and, with ``progress``, said on stderr.
         The draft model is only loaded when the drafter uses it (``auto``, ``model``, ``hybrid``).
         ``draft_n_gpu_layers`` defaults to ``n_gpu_layers``. ``batch_consistent`` makes the
         target's logits independent of how many tokens are scored per call (see README).
@@ -191,6 +229,7 @@ class Engine:
         (:meth:`calibrate`).
         """
         from ..models.catalog import resolve_pair
+        from ..models.drafts import DraftChoice
         from ..models.resolve import check_model_argument, resolve_model
         from .backend import LlamaBackend, ModelOptions, check_compatible
 
@@ -209,7 +248,7 @@ class Engine:
             target, draft = chosen.target, draft if draft is not None else chosen.draft
         target_path = resolve_model(str(target), download=download, progress=progress)
         draft_path = None
-        if draft is not None and drafter in MODEL_DRAFTERS:
+        if draft is not None and drafter in MODEL_DRAFTERS:  # fetched before anything loads
             draft_path = resolve_model(str(draft), download=download, progress=progress)
 
         def options(path: Path, ngl: int, consistent: bool) -> ModelOptions:
@@ -218,7 +257,11 @@ class Engine:
 
         target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent))
         draft_be = None
+        choice = None
         try:
+            if draft is None and drafter in MODEL_DRAFTERS:
+                # Picked once the target has loaded: a file llama.cpp refuses needs no draft.
+                choice, draft_path = _pick_draft(str(target), target_path, download, progress)
             if draft_path is not None:
                 ngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 # Exactness needs only the target's logits to be batch-independent: the draft's
@@ -226,9 +269,20 @@ class Engine:
                 # is the target's own file keeps the target's settings, so that q == p exactly.
                 same_file = draft_path.resolve() == target_path.resolve()
                 draft_be = LlamaBackend(options(draft_path, ngl, batch_consistent and same_file))
-                check_compatible(target_be, draft_be)
+                try:
+                    check_compatible(target_be, draft_be)
+                except IncompatibleDraftError as err:
+                    if choice is None:
+                        raise  # the user's own --draft: their mistake to hear about
+                    _note(progress, f"{err}: lookup drafting only")
+                    draft_be.close()
+                    draft_be = None
+                    choice = DraftChoice(None, f"{err}: lookup drafting only")
+            if draft_be is None and drafter in ("model", "hybrid"):
+                drafter = "lookup"  # said above: no draft model for this target
             engine = cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
                          max_ngram=max_ngram, min_ngram=min_ngram)
+            engine.draft_choice = choice
             if drafter == "auto":
                 engine.calibrate()
             return engine
