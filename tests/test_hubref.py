@@ -98,11 +98,20 @@ def test_only_gguf_is_the_default_whatever_its_quant():
         pick_files(HubRef("o/r"), _files("x-Q8_0.gguf", "x-Q5_K_M.gguf"))
 
 
-def test_no_gguf_and_unknown_file_and_ambiguity():
+def test_no_gguf_and_unknown_file():
     with pytest.raises(ModelError, match="o/r has no GGUF file"):
         pick_files(HubRef("o/r"), _files("model.safetensors"))
     with pytest.raises(ModelError, match="has no file nope.gguf; its GGUF files: m-Q4_K_M.gguf"):
         pick_files(HubRef("o/r", filename="nope.gguf"), LISTING)
-    with pytest.raises(ModelError, match="several Q4_K_M GGUFs: a-Q4_K_M.gguf, b-Q4_K_M.gguf; name one"):
-        pick_files(HubRef("o/r"), _files("a-Q4_K_M.gguf", "b-Q4_K_M.gguf"))
     assert pick_files(HubRef("o/r", filename="M-q8_0.GGUF"), LISTING)[0].path == "m-Q8_0.gguf"
+
+
+def test_a_quant_found_twice_takes_one_file_over_parts_then_the_shortest_and_says_so():
+    said = []
+    twice = _files("x-Q4_K_M-00001-of-00002.gguf", "x-Q4_K_M-00002-of-00002.gguf", "x-Q4_K_M.gguf",
+                   "x-Q4_K_M-imatrix.gguf")
+    assert [f.path for f in pick_files(HubRef("o/r"), twice, on_choice=said.append)] == ["x-Q4_K_M.gguf"]
+    assert said == ["o/r has 3 Q4_K_M GGUFs: x-Q4_K_M.gguf, x-Q4_K_M-imatrix.gguf, "
+                    "x-Q4_K_M-*-of-00002.gguf; took x-Q4_K_M.gguf (name another as o/r/FILE.gguf)"]
+    one = [f.path for f in pick_files(HubRef("o/r"), _files("a-Q4_K_M.gguf", "b-Q4_K_M.gguf"))]
+    assert one == ["a-Q4_K_M.gguf"]

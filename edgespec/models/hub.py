@@ -168,7 +168,8 @@ def resolve(ref: HubRef, *, download: bool = True, progress: bool = True,
             raise DownloadError(f"cannot fetch {ref}: {unreachable}") from None
         dl._note(progress, f"{unreachable}; using the cached {ref}")
         return found
-    files = pick_files(ref, list_remote(ref, settings), where="on the hub")
+    files = pick_files(ref, list_remote(ref, settings), where="on the hub",
+                       on_choice=lambda msg: dl._note(progress, msg))
     paths = tuple(_fetch(ref, f, settings, progress) for f in files)
     return Resolved(ref=ref, files=tuple(files), paths=paths)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..errors import ModelError
 
@@ -79,8 +79,9 @@ def quant_of(name: str) -> str | None:
 
 
 def split_key(path: str) -> str:
-    """The name shared by the parts of a split GGUF (the path itself for a single file)."""
-    return _SPLIT_RE.sub(".gguf", path)
+    """The name shared by the parts of a split GGUF, ``NAME-*-of-0000N.gguf`` (the path itself for
+    a single file, which may sit beside a split copy of itself)."""
+    return _SPLIT_RE.sub(lambda m: f"-*-of-{m.group(2)}.gguf", path)
 
 
 def _groups(files: Iterable[HubFile]) -> dict[str, list[HubFile]]:
@@ -101,9 +102,11 @@ def _complete(repo: str, key: str, parts: list[HubFile]) -> list[HubFile]:
     return parts
 
 
-def pick_files(ref: HubRef, listing: Sequence[HubFile], *, where: str = "") -> list[HubFile]:
+def pick_files(ref: HubRef, listing: Sequence[HubFile], *, where: str = "",
+               on_choice: Callable[[str], object] | None = None) -> list[HubFile]:
     """The GGUF file(s) ``ref`` names in ``listing``: one file, or every part of a split GGUF in
-    order (the first is the one to load). :class:`ModelError` saying why when there is none."""
+    order (the first is the one to load). :class:`ModelError` saying why when there is none.
+    When several carry the quant, ``on_choice`` hears which was taken."""
     at = f" {where}" if where else ""
     ggufs = [f for f in listing if f.path.lower().endswith(".gguf")]
     if not ggufs:
@@ -128,8 +131,10 @@ def pick_files(ref: HubRef, listing: Sequence[HubFile], *, where: str = "") -> l
         hint = f"; pick one with {ref.repo}:QUANT" if quants else ""
         raise ModelError(f"{ref.repo}{at} has no {wanted} GGUF; it has: {', '.join(quants) or 'none'}{hint}")
     if len(matches) > 1:
-        raise ModelError(
-            f"{ref.repo}{at} has several {wanted} GGUFs: {', '.join(matches)}; "
-            f"name one as {ref.repo}/FILE.gguf"
-        )
+        # Repositories often carry a quant twice (one file and a split copy, or a variant):
+        # one file over parts, then the shallowest and shortest name; the caller says so.
+        matches.sort(key=lambda k: (len(groups[k]) > 1, k.count("/"), len(k), k))
+        if on_choice is not None:
+            on_choice(f"{ref.repo}{at} has {len(matches)} {wanted} GGUFs: {', '.join(matches)}; "
+                      f"took {matches[0]} (name another as {ref.repo}/FILE.gguf)")
     return _complete(ref.repo, matches[0], groups[matches[0]])
