@@ -3,7 +3,8 @@
 # package with its test dependencies. Idempotent and quick when already done.
 #
 # llama-cpp-python is compiled from source with llamafile's sgemm turned off (it only runs for
-# 2+ tokens, so a batch's logits would differ from a single token's; see README "Exactness").
+# 2+ tokens, so a batch's logits would differ from a single token's; see README "Exactness")
+# and with llama.cpp's RPC backend on (`edgespec worker`, `--rpc`; see README "Across machines").
 # The wheel is cached outside the repository, keyed by version and CMake flags, because pip's own
 # wheel cache ignores CMAKE_ARGS. GPU users add their flags, e.g.
 #   EDGESPEC_CMAKE_ARGS="-DGGML_CUDA=on" make setup
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 LLAMA_VERSION=0.3.36
-CMAKE_FLAGS="-DGGML_LLAMAFILE=OFF ${EDGESPEC_CMAKE_ARGS:-}"
+CMAKE_FLAGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=ON ${EDGESPEC_CMAKE_ARGS:-}"
 CACHE=${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}
 TAG=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)
 WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$TAG"

@@ -27,6 +27,7 @@ from .options import (
 )
 from .serve import serve
 from .verify import verify
+from .worker import worker
 
 if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs it
     from ..runtime.engine import Collector
@@ -125,8 +126,12 @@ def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_
 
 
 @cli.command(context_settings=CONTEXT_SETTINGS)
-def info() -> None:
-    """Show the llama.cpp build, batch consistency, GPU offload and cache location."""
+@click.option("--rpc", metavar="HOST:PORT[,...]", default=None,
+              help="Also list the devices these `edgespec worker` processes serve.")
+@user_errors
+def info(rpc: str | None) -> None:
+    """Show the llama.cpp build, batch consistency, GPU offload, RPC, devices and cache location."""
+    from ..runtime import rpc as rpc_backend
     from ..runtime.backend import consistent_build, gpu_offload_supported, system_info
 
     features = system_info()
@@ -139,9 +144,19 @@ def info() -> None:
            else "no: this llama.cpp has llamafile's sgemm; rebuild with `make setup`")
     )
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
+    has_rpc = rpc_backend.available()
+    click.echo("RPC:              " + ("yes (`edgespec worker`, --rpc)" if has_rpc
+                                       else "no: rebuild with `make setup` (-DGGML_RPC=ON)"))
+    for dev in rpc_backend.local_devices():
+        click.echo(f"device:           {dev.name} ({dev.kind}): {dev.description}, "
+                   f"{dev.free / 2**30:.1f} of {dev.total / 2**30:.1f} GiB free")
+    if rpc:
+        for dev in rpc_backend.connect(rpc_backend.parse_endpoints(rpc)):
+            click.echo(f"remote device:    {dev.name} at {dev.description}: "
+                       f"{dev.free / 2**30:.1f} of {dev.total / 2**30:.1f} GiB free")
 
 
-for command in (models, bench, chat, serve, verify):
+for command in (models, bench, chat, serve, verify, worker):
     cli.add_command(command)
 
 
