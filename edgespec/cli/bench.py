@@ -245,8 +245,12 @@ def _configs(engine, names, ks, known) -> tuple[list[Config], list[dict]]:
             return False
         return True
 
+    remote = bool(getattr(getattr(engine.target, "options", None), "rpc", ()))
     for name in names:
-        if Config(name).is_reference or usable(name):
+        if Config(name).is_reference and remote:
+            # llama-cpp-python's Llama cannot reach a worker: its numbers would be this machine's
+            skipped.append({"config": name, "reason": "runs locally only (llama-cpp-python has no RPC)"})
+        elif Config(name).is_reference or usable(name):
             configs.append(Config(name))
     if not ks:
         return configs, skipped

@@ -133,11 +133,16 @@ def _parse_drafters(text: str | None, known) -> list[str] | None:
 
 def _header(engine, params) -> dict:
     draft = engine.draft.path.name if engine.draft is not None else None
+    workers = getattr(engine.target.options, "rpc", ())
+    kernels = ("exact (batch-consistent)" if engine.target.options.batch_consistent
+               else "fast (batch-dependent logits)")
+    if workers:  # the pieces hold on a worker's CPU; a GPU worker picks kernels by batch width
+        kernels += f", target on RPC workers {', '.join(workers)} (exact only where they serve a CPU)"
     return {
         "target": engine.target.path.name,
         "draft": draft,
-        "kernels": "exact (batch-consistent)" if engine.target.options.batch_consistent
-        else "fast (batch-dependent logits)",
+        "rpc": list(workers),
+        "kernels": kernels,
         "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
         "min_p": params.min_p,
     }

@@ -172,8 +172,14 @@ def consistent_build() -> bool:
 
 
 def gpu_offload_supported() -> bool:
-    """Whether this llama.cpp build can offload layers to a GPU."""
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """Whether this machine has a GPU llama.cpp can offload layers to (``llama_supports_gpu_offload``
+    also says yes for a build with RPC, which offloads to workers, not here)."""
+    from .rpc import local_devices
+
+    try:
+        return any(d.kind in ("GPU", "IGPU") for d in local_devices())
+    except (OSError, AttributeError, ModelError):
+        return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,22 @@ class ModelOptions:
     n_batch: int = 512
     batch_consistent: bool = True
     repack: bool = True  #: llama.cpp's repacked CPU weights (faster; see CONSISTENT_BATCH)
+    #: RPC workers (``HOST:PORT``) whose devices take the offloaded layers (``edgespec worker``)
+    rpc: tuple[str, ...] = ()
+    rpc_timeout: float = 60.0  #: seconds one decode on the workers may take (then: error, exit)
+
+
+def _offload_devices(endpoints: tuple[str, ...]):
+    """The ``llama_model_params.devices`` array: the workers' devices for a model on RPC; this
+    machine's own offload devices for a local model once a worker is registered in this process
+    (left NULL, llama.cpp would use every registered device, the workers' too); else ``None``."""
+    from . import rpc
+
+    if endpoints:
+        return rpc.device_array(rpc.connect(endpoints))
+    if rpc.connected():
+        return rpc.device_array([d for d in rpc.local_devices() if d.kind != "CPU"])
+    return None
 
 
 def check_gguf_file(path: Path) -> None:
@@ -216,6 +238,9 @@ class LlamaBackend:
         _take_log_lines()  # drop stale lines
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
+        self._devices = _offload_devices(options.rpc)  # kept alive with the model
+        if self._devices is not None:
+            mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p).value
         mparams.use_extra_bufts = options.repack
         mparams.progress_callback = _load_progress
         try:
@@ -271,11 +296,18 @@ class LlamaBackend:
         self.tokens: list[int] = []
         # The pieces-of-3 rule is about ggml-cpu's kernels. With layers on a GPU, batch scoring
         # is what makes speculation pay, and CUDA picks its kernels by batch size anyway.
-        on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported()
+        # On RPC workers the pieces stay: a worker serving its CPU runs the same ggml-cpu
+        # kernels as here (a GPU worker is batch-dependent anyway: --fast-kernels).
+        on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported() and not options.rpc
         self._pieces = options.batch_consistent and not on_gpu
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
         self.path = path
+        self._watchdog = None
+        if options.rpc:
+            from .rpc import Watchdog
+
+            self._watchdog = Watchdog(options.rpc, options.rpc_timeout)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -345,10 +377,15 @@ class LlamaBackend:
                     wanted[max(0, first_logit - c0):] = 1
                 self._batch.n_tokens = m
                 t0 = time.perf_counter()
+                watchdog = self._watchdog
+                if watchdog is not None:
+                    watchdog.deadline = t0 + watchdog.timeout
                 rc = llama_cpp.llama_decode(self._ctx.ctx, self._batch)
                 # a GPU decode is asynchronous: wait for it here, so that its time counts as
                 # llama.cpp's (and not as whoever first touches the logits)
                 llama_cpp.llama_synchronize(self._ctx.ctx)
+                if watchdog is not None:
+                    watchdog.deadline = None
                 self.decode_seconds += time.perf_counter() - t0
                 if rc != 0:
                     raise ModelError(f"llama_decode failed with code {rc}")

@@ -203,8 +203,11 @@ class Engine:
         draft_length: int | None = None,
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | None = None,
         draft_n_gpu_layers: int | None = None,
+        rpc: str | Sequence[str] | None = None,
+        draft_rpc: str | Sequence[str] | None = None,
+        rpc_timeout: float = 60.0,
         n_threads: int | None = None,
         n_ctx: int = config.DEFAULT_N_CTX,
         n_batch: int = config.DEFAULT_N_BATCH,
@@ -222,7 +225,13 @@ class Engine:
         none fits, drafting is by lookup only. The pick and why are in :attr:`draft_choice`
         (``None`` when no pick was made) and, with ``progress``, said on stderr.
         The draft model is only loaded when the drafter uses it (``auto``, ``model``, ``hybrid``).
-        ``draft_n_gpu_layers`` defaults to ``n_gpu_layers``. ``batch_consistent`` makes the
+        ``rpc`` (``"HOST:PORT,..."`` or a list) puts the target's offloaded layers on those
+        ``edgespec worker`` processes, ``draft_rpc`` the draft's (by default the draft runs here).
+        ``n_gpu_layers`` defaults to every layer with ``rpc``, else none;
+        ``draft_n_gpu_layers`` to every layer with ``draft_rpc``, else none when the target is on
+        workers, else ``n_gpu_layers``. A call to the workers that outlives ``rpc_timeout``
+        seconds, a worker that dies or answers nonsense, ends the process with one ``error:``
+        line (ggml cannot recover from it). ``batch_consistent`` makes the
         target's logits independent of how many tokens are scored per call (see README).
         ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
         DEFAULT_DRAFT_LENGTH). With drafter ``auto`` the costs are measured right after loading
@@ -232,6 +241,7 @@ class Engine:
         from ..models.drafts import DraftChoice
         from ..models.resolve import check_model_argument, resolve_model
         from .backend import LlamaBackend, ModelOptions, check_compatible
+        from .rpc import parse_endpoints
 
         check_drafter_name(drafter)
         validate_draft_length(draft_length)
@@ -243,6 +253,13 @@ class Engine:
             raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
         if draft is not None and drafter not in MODEL_DRAFTERS:
             check_model_argument(str(draft))  # not loaded, but a typo still deserves an error
+        target_rpc, drafts_rpc = parse_endpoints(rpc), parse_endpoints(draft_rpc)
+        if not rpc_timeout > 0:
+            raise ConfigError(f"RPC timeout must be > 0 seconds, got {rpc_timeout}")
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if target_rpc else 0
+        if draft_n_gpu_layers is None:
+            draft_n_gpu_layers = -1 if drafts_rpc else (0 if target_rpc else n_gpu_layers)
         if target is None:
             chosen = resolve_pair(pair)
             target, draft = chosen.target, draft if draft is not None else chosen.draft
@@ -251,11 +268,14 @@ class Engine:
         if draft is not None and drafter in MODEL_DRAFTERS:  # fetched before anything loads
             draft_path = resolve_model(str(draft), download=download, progress=progress)
 
-        def options(path: Path, ngl: int, consistent: bool) -> ModelOptions:
+        def options(path: Path, ngl: int, consistent: bool, workers: tuple[str, ...]) -> ModelOptions:
+            # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
+            # allocates plain buffers): the pieces then follow the plain kernels (7 rows).
             return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx,
-                                n_batch=n_batch, batch_consistent=consistent)
+                                n_batch=n_batch, batch_consistent=consistent, rpc=workers,
+                                rpc_timeout=rpc_timeout, repack=not workers)
 
-        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent))
+        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent, target_rpc))
         draft_be = None
         choice = None
         try:
@@ -263,12 +283,13 @@ class Engine:
                 # Picked once the target has loaded: a file llama.cpp refuses needs no draft.
                 choice, draft_path = _pick_draft(str(target), target_path, download, progress)
             if draft_path is not None:
-                ngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+                ngl = draft_n_gpu_layers
                 # Exactness needs only the target's logits to be batch-independent: the draft's
                 # q is whatever it samples from, so it keeps the fastest kernels. A draft that
                 # is the target's own file keeps the target's settings, so that q == p exactly.
                 same_file = draft_path.resolve() == target_path.resolve()
-                draft_be = LlamaBackend(options(draft_path, ngl, batch_consistent and same_file))
+                draft_be = LlamaBackend(options(draft_path, ngl, batch_consistent and same_file,
+                                                drafts_rpc))
                 try:
                     check_compatible(target_be, draft_be)
                 except IncompatibleDraftError as err:
