@@ -13,6 +13,7 @@ no way back into the program from inside llama.cpp at that point.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import re
 import socket
@@ -22,7 +23,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _native
 from ..errors import ConfigError, ModelError
 
 #: ggml_backend_dev_type: CPU, GPU, IGPU, ACCEL
@@ -71,11 +71,12 @@ def _lib(name: str) -> ctypes.CDLL:
     the copy already loaded, being the same file)."""
     with _lock:
         if name not in _libs:
-            base = _native.library_path()
-            if base is None:
+            spec = importlib.util.find_spec("llama_cpp")
+            dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+            if not dirs:
                 raise ModelError("llama-cpp-python's libraries are not installed")
-            _native.preload()
-            _libs[name] = ctypes.CDLL(str(base.parent / f"{name}.so.0"))
+            # `import edgespec` has loaded libllama already (edgespec._native), so this is its copy
+            _libs[name] = ctypes.CDLL(str(Path(dirs[0]) / "lib" / f"{name}.so.0"))
         return _libs[name]
 
 
