@@ -108,9 +108,10 @@ def _repo_dir(repo: str, settings: HubSettings) -> Path:
     return settings.cache_dir / ("models--" + repo.replace("/", "--"))
 
 
-def list_cached(ref: HubRef, settings: HubSettings) -> list[HubFile]:
-    """The repository's files in the hub cache, newest snapshot first (the blob's name, the file's
-    etag, is its sha256 for LFS files)."""
+def list_cached(ref: HubRef, settings: HubSettings) -> dict[str, tuple[HubFile, Path]]:
+    """The repository's files in the hub cache, each with its local path, taken from the newest
+    snapshot that has it (``refs/main`` first). The blob's name, the file's etag, is its sha256
+    for LFS files."""
     repo_dir = _repo_dir(ref.repo, settings)
     snapshots: list[Path] = []
     with contextlib.suppress(OSError):
@@ -119,30 +120,16 @@ def list_cached(ref: HubRef, settings: HubSettings) -> list[HubFile]:
     with contextlib.suppress(OSError):
         others = sorted((repo_dir / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
         snapshots += [p for p in others if p not in snapshots]
-    seen: dict[str, HubFile] = {}
+    seen: dict[str, tuple[HubFile, Path]] = {}
     for snap in snapshots:
         for path in sorted(snap.rglob("*")):
             rel = path.relative_to(snap).as_posix()
             if rel in seen or not path.is_file():
                 continue
             blob = Path(os.path.realpath(path)).name
-            seen[rel] = HubFile(path=rel, size=path.stat().st_size,
-                                sha256=blob if _SHA256_RE.match(blob) else None)
-    return list(seen.values())
-
-
-def _snapshot_path(ref: HubRef, f: HubFile, settings: HubSettings) -> Path | None:
-    repo_dir = _repo_dir(ref.repo, settings)
-    with contextlib.suppress(OSError):
-        main = (repo_dir / "refs" / "main").read_text().strip()
-        p = repo_dir / "snapshots" / main / f.path
-        if p.is_file():
-            return p
-    with contextlib.suppress(OSError):
-        for snap in (repo_dir / "snapshots").iterdir():
-            if (snap / f.path).is_file():
-                return snap / f.path
-    return None
+            seen[rel] = (HubFile(path=rel, size=path.stat().st_size,
+                                 sha256=blob if _SHA256_RE.match(blob) else None), path)
+    return seen
 
 
 # --------------------------------------------------------------------------- resolving
@@ -175,21 +162,17 @@ def resolve(ref: HubRef, *, download: bool = True, progress: bool = True,
 
 
 def _from_cache(ref: HubRef, settings: HubSettings, progress: bool, *, why: str) -> Resolved:
-    listing = list_cached(ref, settings)
-    if not listing:
+    cached = list_cached(ref, settings)
+    if not cached:
         raise ModelError(f"{ref} is not in the hub cache ({settings.cache_dir}); {why}")
     try:
-        files = pick_files(ref, listing, where="in the hub cache")
+        files = pick_files(ref, [f for f, _ in cached.values()], where="in the hub cache")
     except ModelError as err:
         raise ModelError(f"{err} ({why})") from None
-    paths = []
-    for f in files:
-        path = _snapshot_path(ref, f, settings)
-        if path is None:
-            raise ModelError(f"{ref}: {f.path} is not in the hub cache ({why})")
+    paths = tuple(cached[f.path][1] for f in files)
+    for f, path in zip(files, paths):
         _verify(ref, f, path, progress)
-        paths.append(path)
-    return Resolved(ref=ref, files=tuple(files), paths=tuple(paths))
+    return Resolved(ref=ref, files=tuple(files), paths=paths)
 
 
 def _fetch(ref: HubRef, f: HubFile, settings: HubSettings, progress: bool) -> Path:
@@ -298,14 +281,13 @@ def is_cached(ref: HubRef, settings: HubSettings | None = None) -> Path | None:
     """The local file for ``ref`` if the hub cache holds it and a marker vouches for it; never
     hashes, never touches the network (for listings)."""
     settings = settings or HubSettings.from_env()
+    cached = list_cached(ref, settings)
     try:
-        files = pick_files(ref, list_cached(ref, settings))
+        files = pick_files(ref, [f for f, _ in cached.values()])
     except ModelError:
         return None
-    paths = [_snapshot_path(ref, f, settings) for f in files]
-    if any(p is None for p in paths):
-        return None
+    paths = [cached[f.path][1] for f in files]
     for f, p in zip(files, paths):
-        if f.sha256 is not None and not dl.has_valid_marker(p, f.sha256):  # type: ignore[arg-type]
+        if f.sha256 is not None and not dl.has_valid_marker(p, f.sha256):
             return None
     return paths[0]
