@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.cli.main import cli
-from edgespec.cli.worker import is_loopback
 from edgespec.core.sampling import SamplingParams
 from edgespec.errors import ConfigError
 from edgespec.runtime.rpc import parse_endpoints
+from edgespec.server.run import is_loopback
 
 from .real_util import GREEDY, ids
 
@@ -40,6 +40,7 @@ def test_parse_endpoints():
 
 
 def test_loopback():
+    """The worker's check is the server's (edgespec.server.run.is_loopback)."""
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("gpu-box")
 

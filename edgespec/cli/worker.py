@@ -3,7 +3,6 @@ RPC protocol (``--rpc HOST:PORT`` on their side)."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import socket
@@ -15,19 +14,10 @@ import click
 
 from .. import config
 from ..errors import ConfigError
+from ..server.run import is_loopback
 from .options import CONTEXT_SETTINGS, user_errors
 
 DEFAULT_PORT = 50052  #: llama.cpp's rpc-server's
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def free_port(host: str) -> int:
