@@ -85,6 +85,18 @@ class FakeHub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
+    def reach(self, monkeypatch, tmp_path: Path) -> None:
+        """Point edgespec and huggingface-hub at this hub, with a fresh hub cache and edgespec
+        cache under ``tmp_path``, no token, online, and no remembered hub probe."""
+        from edgespec.models import hub
+
+        monkeypatch.setenv("HF_ENDPOINT", self.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "edgespec"))
+        for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "EDGESPEC_NO_HF", "HF_HOME"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setattr(hub, "_PROBES", {})
+
     def downloads(self, name: str) -> list[dict[str, str]]:
         """Headers of every GET of a file called ``name``."""
         return [h for m, p, h in self.requests if m == "GET" and "/resolve/" in p and p.endswith("/" + name)]

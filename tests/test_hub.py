@@ -42,12 +42,7 @@ def fake_hub():
 
 @pytest.fixture
 def env(tmp_path, monkeypatch, fake_hub):
-    monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "edgespec"))
-    for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "EDGESPEC_NO_HF", "HF_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(hub, "_PROBES", {})
+    fake_hub.reach(monkeypatch, tmp_path)
     return tmp_path
 
 

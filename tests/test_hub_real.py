@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.models import hub
 from edgespec.models.resolve import resolve_model
 
 from .fake_hub import FakeHub
@@ -75,12 +74,7 @@ def fake_hub(tiny_file, split_parts, tmp_path, monkeypatch):
         catalog = tmp_path / "catalog.toml"
         catalog.write_text(CATALOG)
         monkeypatch.setenv("EDGESPEC_CATALOG", str(catalog))
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-        monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "edgespec"))
-        for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "EDGESPEC_NO_HF", "HF_HOME"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setattr(hub, "_PROBES", {})
+        h.reach(monkeypatch, tmp_path)
         yield h
 
 
