@@ -99,12 +99,7 @@ target = "hub-target"
 draft = "alien-draft"
 """)
         monkeypatch.setenv("EDGESPEC_CATALOG", str(catalog))
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-        monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "edgespec"))
-        for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "EDGESPEC_NO_HF", "HF_HOME"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setattr(hub, "_PROBES", {})
+        h.reach(monkeypatch, tmp_path)
         yield h, pinned, tmp_path
 
 
@@ -145,7 +140,7 @@ def test_unknown_target_gets_the_smallest_compatible_draft(setup):
     asked = len(h.requests)
     assert choose_draft("acme/Unknown-GGUF", target).draft == "hub-draft"
     assert not [p for m, p, _ in h.requests[asked:] if m == "GET" and "/resolve/" in p]
-    rows = dict(judge_all("acme/Unknown-GGUF", target))
+    rows = dict(judge_all("acme/Unknown-GGUF", target)[1])
     assert rows == {"alien-draft": "token texts differ within the first 300 tokens",
                     "hub-draft": None, "big-draft": None}
 
@@ -160,7 +155,7 @@ def test_alien_target_gets_the_alien_draft_and_a_lonely_one_none(setup, monkeypa
     assert choice.draft is None
     assert choice.reason == ("no catalog draft shares acme/Lonely-GGUF's tokenizer (gpt2, 300 tokens): "
                              "lookup drafting only")
-    rows = dict(judge_all("acme/Lonely-GGUF", lonely))
+    rows = dict(judge_all("acme/Lonely-GGUF", lonely)[1])
     assert rows["alien-draft"] == "special tokens differ (BOS/EOS 1/3 vs 1/2)"
     assert rows["hub-draft"].startswith("its tokenizer is unknown here")
     assert rows["big-draft"] == "special tokens differ (BOS/EOS 1/3 vs 1/2)"
@@ -169,7 +164,7 @@ def test_alien_target_gets_the_alien_draft_and_a_lonely_one_none(setup, monkeypa
 def test_the_target_itself_is_never_its_draft(setup, tmp_path):
     h, _, _ = setup
     draft_file = _file(h, "acme/HubDraft-GGUF")  # now cached: a local, verified draft
-    rows = dict(judge_all(str(draft_file), draft_file))
+    rows = dict(judge_all(str(draft_file), draft_file)[1])
     assert rows["hub-draft"] == "it is the target itself"
     assert choose_draft(str(draft_file), draft_file).draft == "big-draft"
 

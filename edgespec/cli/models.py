@@ -149,12 +149,11 @@ def drafts(target: str, as_json: bool) -> None:
     (its tokenizer is read from its GGUF header). The first compatible draft is the one
     `--drafter auto|model|hybrid` picks when no --draft is given.
     """
-    from ..models.drafts import choose_draft, judge_all
+    from ..models.drafts import judge_all
 
     catalog = load_catalog()
     target_path = resolve_model(target, download=True, progress=not as_json, catalog=catalog)
-    choice = choose_draft(target, target_path, catalog=catalog)
-    rows = judge_all(target, target_path, catalog=catalog)
+    choice, rows = judge_all(target, target_path, catalog=catalog)
     if as_json:
         click.echo(json.dumps({"target": target, "path": str(target_path), "picked": choice.draft,
                                "reason": choice.reason,

@@ -89,44 +89,49 @@ def find_entry(ref: HubRef, catalog: Catalog) -> Entry | None:
 
 def choose_draft(target: str | None, target_path: Path, *, catalog: Catalog | None = None,
                  online: bool = True) -> DraftChoice:
-    """The draft for ``target`` (the user's argument; ``None`` is unnamed) at ``target_path``."""
-    catalog = catalog or load_catalog()
+    """The draft for ``target`` (the user's argument; ``None`` is unnamed) at ``target_path``.
+    Drafts are judged only until one fits (judging one not here reads its header from the hub)."""
+    return _judge(target, target_path, catalog or load_catalog(), online, every=False)[0]
+
+
+def judge_all(target: str | None, target_path: Path, *, catalog: Catalog | None = None,
+              online: bool = True) -> tuple[DraftChoice, list[tuple[str, str | None]]]:
+    """The draft :func:`choose_draft` picks, and every catalog draft, smallest first, with why it
+    cannot draft for the target (``None``: it can). A known target's catalog pair comes first."""
+    return _judge(target, target_path, catalog or load_catalog(), online, every=True)
+
+
+def _judge(target: str | None, target_path: Path, catalog: Catalog, online: bool, *,
+           every: bool) -> tuple[DraftChoice, list[tuple[str, str | None]]]:
     name = known_target(target or "", target_path, catalog)
-    if name is not None:
-        pair = catalog.pair_for_target(name)
-        if pair is not None:
-            return DraftChoice(pair.draft, f"the catalog pairs {name} with it (pair '{pair.name}')")
+    pair = catalog.pair_for_target(name) if name is not None else None
+    choice = None
+    if pair is not None:
+        choice = DraftChoice(pair.draft, f"the catalog pairs {name} with it (pair '{pair.name}')")
+        if not every:
+            return choice, []
     label = target or target_path.name
     try:
         info, tokens = tokenizer_of(target_path)
     except (GGUFError, OSError) as err:
-        return DraftChoice(None, f"cannot read the tokenizer of {label} ({err}): lookup drafting only")
-    for cand in candidates(info, tokens, target_path, catalog, online=online):
-        if cand.problem is None:
-            return DraftChoice(cand.name, f"the smallest catalog draft whose tokenizer matches "
-                                          f"{label}'s ({_describe(info)})")
-    return DraftChoice(None, f"no catalog draft shares {label}'s tokenizer ({_describe(info)}): "
-                             "lookup drafting only")
-
-
-def judge_all(target: str | None, target_path: Path, *, catalog: Catalog | None = None,
-              online: bool = True) -> list[tuple[str, str | None]]:
-    """Every catalog draft, smallest first, and why it cannot draft for the target (``None``: it
-    can). A known target's catalog pair comes first."""
-    catalog = catalog or load_catalog()
+        if pair is not None:
+            return choice, [(pair.draft, None)]
+        return (DraftChoice(None, f"cannot read the tokenizer of {label} ({err}): lookup drafting only"),
+                [("-", f"cannot read the target's tokenizer ({err})")])
     rows: list[tuple[str, str | None]] = []
-    name = known_target(target or "", target_path, catalog)
-    pair = catalog.pair_for_target(name) if name is not None else None
-    try:
-        info, tokens = tokenizer_of(target_path)
-    except (GGUFError, OSError) as err:
-        return [(pair.draft, None)] if pair else [("-", f"cannot read the target's tokenizer ({err})")]
     for cand in candidates(info, tokens, target_path, catalog, online=online):
-        rows.append((cand.name, cand.problem))
+        rows.append((cand.name, None if pair is not None and cand.name == pair.draft else cand.problem))
+        if choice is None and cand.problem is None:
+            choice = DraftChoice(cand.name, f"the smallest catalog draft whose tokenizer matches "
+                                            f"{label}'s ({_describe(info)})")
+            if not every:
+                break
+    if choice is None:
+        choice = DraftChoice(None, f"no catalog draft shares {label}'s tokenizer ({_describe(info)}): "
+                                   "lookup drafting only")
     if pair is not None:
-        rows = [(n, None if n == pair.draft else p) for n, p in rows]
         rows.sort(key=lambda r: r[0] != pair.draft)
-    return rows
+    return choice, rows
 
 
 def _describe(info: TokenizerInfo) -> str:
