@@ -237,3 +237,36 @@ def test_stopping_the_server_ends_open_streams_promptly():
     assert done.wait(5) and time.monotonic() - start < 5
     assert events[-1] == "data: [DONE]"
     assert "shutting_down" in [e for e in events if e.startswith("data: {")][-1]
+
+
+def test_a_lost_engine_ends_open_and_queued_requests_with_503_then_refuses_new_ones():
+    # What `serve` does when its RPC worker dies: ggml's abort callback (or the --rpc-timeout
+    # watchdog) runs the last words, then ends the process. Here only the last words run.
+    from edgespec.runtime.rpc import last_words
+
+    engine = fake_engine(delay=0.01)
+    events: list[str] = []
+    with running_server(engine) as s:
+        def listen():
+            with httpx.stream("POST", s.v1 + "/completions", timeout=20,
+                              json={"prompt": "x", "max_tokens": 100_000, "stream": True}) as res:
+                events.extend(line for line in res.iter_lines() if line)
+
+        streaming = threading.Thread(target=listen, daemon=True)
+        streaming.start()
+        assert wait_until(lambda: len(events) > 4)
+        results: list = []
+        queued = post_in_thread(s.v1 + "/completions", {"prompt": "b", "max_tokens": 3}, results)
+        assert wait_until(lambda: s.worker.queue_depth == 1)
+        start = time.monotonic()
+        last_words("RPC worker 10.0.0.9:50052: Remote RPC server crashed")
+        assert time.monotonic() - start < 3  # the answers went out; the process may now end
+        streaming.join(5), queued.join(5)
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "backend_unavailable" and "10.0.0.9:50052" in error["message"]
+        assert any('"text": "' in e and '"text": ""' not in e for e in events[:-2])  # text came first
+        assert results[0].status_code == 503
+        assert results[0].json()["error"]["code"] == "backend_unavailable"
+        late = httpx.post(s.v1 + "/completions", json={"prompt": "c", "max_tokens": 2}, timeout=10)
+        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"

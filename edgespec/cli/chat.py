@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import click
 
 from tui.speed import DEFAULT_CALIBRATION_TOKENS
@@ -38,6 +40,8 @@ def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
     """
     from tui.app import ChatApp, ChatSettings
 
+    from ..runtime.rpc import on_fatal
+
     sampling = make_sampling(opts)  # bad values fail here, before the screen opens
     settings = ChatSettings(drafter=opts["drafter"], draft_length=opts["draft_length"],
                             sampling=sampling, max_tokens=max_tokens, system=system,
@@ -53,9 +57,23 @@ def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
         return load_engine(load_opts, progress=False)  # a progress bar would garble the screen
 
     app = ChatApp(factory, settings)
+    lost, restored = threading.Event(), threading.Event()
+
+    def give_terminal_back(message: str) -> None:
+        # A worker fault ends the process from a generating thread: the app closes first, so
+        # the terminal leaves full-screen mode before the error line.
+        lost.set()
+        app.call_from_thread(app.exit, None, 1)
+        restored.wait(5)
+
+    forget = on_fatal(give_terminal_back)
     try:
         app.run()
     finally:
+        if lost.is_set():
+            restored.set()
+            threading.Event().wait()  # the faulting thread ends the process; the models stay
+        forget()
         app.close_engine()
 
 

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError, ModelError
 
@@ -37,6 +38,8 @@ _libs: dict[str, ctypes.CDLL] = {}
 _servers: dict[str, list[int]] = {}  #: endpoint -> its device handles, once added
 _abort_cb = None  #: keeps the ctypes callback alive
 _context = {"endpoints": ""}
+_last_words: list[Callable[[str], None]] = []  #: on_fatal hooks
+_ending = threading.Lock()  #: held by the thread that ends the process
 
 
 @dataclass(frozen=True)
@@ -216,8 +219,38 @@ def install_abort_handler() -> None:
     base.ggml_set_abort_callback(_abort_cb)
 
 
+def on_fatal(hook: Callable[[str], None]) -> Callable[[], None]:
+    """Have ``hook(message)`` called when a worker fault is about to end the process, before the
+    ``error:`` line: the last chance to answer whoever waits (``serve``'s open requests,
+    ``complete --json``'s object). It runs on the thread that found the fault, possibly one
+    stuck inside llama.cpp, so it must not touch the models, and must return within seconds.
+    Returns a function that removes it."""
+    _last_words.append(hook)
+
+    def remove() -> None:
+        if hook in _last_words:
+            _last_words.remove(hook)
+
+    return remove
+
+
+def last_words(message: str) -> None:
+    """Run the :func:`on_fatal` hooks (what :func:`fatal` does before it ends the process)."""
+    for hook in list(_last_words):
+        try:
+            hook(message)
+        except BaseException:  # noqa: BLE001 - ending anyway; the error line still goes out
+            pass
+
+
 def fatal(message: str) -> None:
-    """End the process now: what was printed stays, then one ``error:`` line, exit status 1."""
+    """End the process now: the :func:`on_fatal` hooks run, what was printed stays, then one
+    ``error:`` line, exit status 1. A second thread that finds a fault meanwhile waits for the
+    first to end the process."""
+    if not _ending.acquire(blocking=False):
+        while True:
+            time.sleep(60)
+    last_words(message)
     try:
         sys.stdout.flush()
     except Exception:  # noqa: BLE001 - exiting anyway

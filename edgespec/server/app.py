@@ -9,6 +9,8 @@ error the engine finds (context overflow, a drafter without its draft model) is 
 400; after that, a streamed response sends server-sent events in the OpenAI chunk format and
 ends with ``data: [DONE]``. A client that disconnects, whether queued, waiting or mid-stream,
 cancels its job: the worker closes the engine's generator at the end of the current round.
+When the engine is lost (its RPC worker died or stopped answering), every open and queued
+request gets a 503 ``backend_unavailable`` (an error event on a stream), then the process exits.
 """
 
 from __future__ import annotations
@@ -47,7 +49,15 @@ from .schemas import (
     parse_body,
     to_generation,
 )
-from .worker import InternalError, Job, Piece, QueueFullError, ShuttingDownError, Worker
+from .worker import (
+    BackendLostError,
+    InternalError,
+    Job,
+    Piece,
+    QueueFullError,
+    ShuttingDownError,
+    Worker,
+)
 
 log = logging.getLogger("edgespec.server")
 
@@ -78,10 +88,15 @@ def create_app(engine: Engine, settings: ServerSettings) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        from ..runtime.rpc import on_fatal
+
         worker.start()
+        # A worker fault ends the process (ggml cannot go on): every open request hears why first.
+        forget = on_fatal(lambda message: worker.fail_all(BackendLostError(message)))
         try:
             yield
         finally:
+            forget()
             await asyncio.to_thread(worker.stop)
 
     def route(path: str, name: str, handler, method: str, auth: bool = True) -> Route:
@@ -128,6 +143,8 @@ def as_api_error(err: BaseException) -> APIError:
         return err
     if isinstance(err, ShuttingDownError):
         return errors.shutting_down()
+    if isinstance(err, BackendLostError):
+        return errors.backend_lost(str(err))
     if isinstance(err, ContextOverflowError):
         return errors.bad_request(str(err), code="context_length_exceeded")
     if isinstance(err, EdgespecError):  # ConfigError (a drafter without its draft model), ...

@@ -53,6 +53,12 @@ def shutting_down() -> APIError:
     return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
+def backend_lost(reason: str) -> APIError:
+    """503: the model's RPC worker is gone; this server exits next (a supervisor restarts it)."""
+    return APIError(503, f"{reason}; the server is exiting (it must be restarted)",
+                    type="server_error", code="backend_unavailable")
+
+
 def internal() -> APIError:
     """500 without details (the traceback goes to the server's log, never to the client)."""
     return APIError(500, "internal server error (see the server log)", type="server_error",

@@ -36,6 +36,11 @@ class ShuttingDownError(Exception):
     """The worker is stopping: the job will not run (or was stopped part way)."""
 
 
+class BackendLostError(Exception):
+    """The engine can no longer run (its RPC worker died or stopped answering): the job ended
+    with it, and the server is about to exit."""
+
+
 class InternalError(Exception):
     """The generation failed with a bug (logged with its traceback on the server)."""
 
@@ -66,6 +71,7 @@ class Job:
         self._events: asyncio.Queue[Any] = asyncio.Queue()
         self._cancelled = threading.Event()
         self._cancel_error: BaseException | None = None
+        self._error_read = threading.Event()  #: the reader has been handed an error
         #: how the job ended (set on the worker thread): completed, cancelled or failed
         self.outcome = "cancelled"
 
@@ -89,8 +95,15 @@ class Job:
             return None
         if isinstance(item, BaseException):
             self._events.put_nowait(_END)
+            self._error_read.set()
             raise item
         return item
+
+    def fail(self, error: BaseException) -> None:
+        """End the job with ``error`` now, from any thread (its generation may never return)."""
+        self.outcome = "failed"
+        self._cancelled.set()
+        self._emit(error)
 
     # ---- worker side ------------------------------------------------------------------------
 
@@ -187,6 +200,22 @@ class Worker:
         with self._cond:
             for job in [*self._pending, *([self._running] if self._running else [])]:
                 job.cancel(ShuttingDownError("the server is shutting down"))
+
+    def fail_all(self, error: BaseException, timeout: float = 3.0) -> None:
+        """The engine is lost: refuse new jobs, end the running job and every queued one with
+        ``error``, and wait up to ``timeout`` seconds for their readers to take it. Safe from any
+        thread, the worker's own included while it is stuck inside the engine."""
+        with self._cond:
+            self._closed = True
+            jobs = [*([self._running] if self._running else []), *self._pending]
+            self._pending.clear()
+        readers = [job for job in jobs if not job.cancelled]  # the others have nobody waiting
+        for job in jobs:
+            job.fail(error)
+        deadline = time.monotonic() + timeout
+        for job in readers:
+            job._error_read.wait(max(0.0, deadline - time.monotonic()))
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))  # the answers go out
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Refuse new jobs, cancel the rest and wait for the thread to finish."""
