@@ -39,6 +39,17 @@ def test_parse_endpoints():
             parse_endpoints(bad)
 
 
+def test_parse_tensor_split():
+    from edgespec.runtime.backend import parse_tensor_split
+
+    assert parse_tensor_split("3,1") == (3.0, 1.0)
+    assert parse_tensor_split([0, 2.5]) == (0.0, 2.5)
+    assert parse_tensor_split(None) == parse_tensor_split("") == ()
+    for bad in ("3,x", "0,0", "1,-1", "inf,1", "1,,2"):
+        with pytest.raises(ConfigError, match="tensor split"):
+            parse_tensor_split(bad)
+
+
 def test_loopback():
     """The worker's check is the server's (edgespec.server.run.is_loopback)."""
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
@@ -55,6 +66,8 @@ def test_worker_refuses_a_remote_host_without_allow_remote():
 def test_bad_rpc_option_is_a_usage_error():
     res = CliRunner().invoke(cli, ["complete", "hi", "--pair", "tiny", "--rpc", "nope"])
     assert res.exit_code == 2 and "RPC endpoint 'nope' is not HOST:PORT" in res.stderr
+    res = CliRunner().invoke(cli, ["complete", "hi", "--pair", "tiny", "--tensor-split", "1,x"])
+    assert res.exit_code == 2 and "tensor split '1,x' is not a list of numbers" in res.stderr
 
 
 def test_delay_proxy_adds_the_round_trip():
@@ -182,6 +195,32 @@ def test_through_a_worker_is_exact_and_token_identical_to_local(worker, pair):
 
 
 @pytest.mark.real
+def test_tensor_split_weighs_two_workers_and_keeps_the_tokens(worker):
+    from edgespec.runtime.engine import Engine
+
+    second = Worker()
+    both = f"{worker.endpoint},{second.endpoint}"
+    try:
+        got = {}
+        for split in ("1,0", "0,1", "3,1"):
+            with Engine.load(pair="tiny", drafter="none", rpc=both, tensor_split=split,
+                             progress=False) as engine:
+                on = {name.split("[")[1].rstrip("]"): mib
+                      for name, mib in engine.target.placement.items() if name.startswith("RPC")}
+                got[split] = (on, ids(_run(engine, sampling=GREEDY)))
+        assert list(got["1,0"][0]) == [worker.endpoint]  # every layer on the first worker
+        assert list(got["0,1"][0]) == [second.endpoint]
+        three_one = got["3,1"][0]
+        assert set(three_one) == {worker.endpoint, second.endpoint}
+        assert three_one[worker.endpoint] > three_one[second.endpoint]
+        assert got["1,0"][1] == got["0,1"][1] == got["3,1"][1]
+        with pytest.raises(ConfigError, match=r"3 weights for 2 devices \(RPC0, RPC1\)"):
+            Engine.load(pair="tiny", drafter="none", rpc=both, tensor_split="1,1,1", progress=False)
+    finally:
+        second.stop()
+
+
+@pytest.mark.real
 def test_unreachable_worker_is_one_error_line():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -238,6 +277,112 @@ def test_worker_killed_mid_stream_keeps_the_text_and_exits_1():
     last = [line for line in err.decode().splitlines() if line.strip()][-1]
     assert last.startswith(f"error: RPC worker {w.endpoint}: ")
     assert b"Traceback" not in err and b"backtrace" not in err.lower()
+
+
+@pytest.mark.real
+def test_worker_killed_mid_stream_with_json_prints_the_object_so_far():
+    w = Worker()
+    # --verbose puts llama.cpp's log on stderr: its last load line says generation is next
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "complete", "Count: 1, 2, 3,",
+                             "--raw", "--pair", "tiny", "--rpc", w.endpoint, "-n", "3000",
+                             "--drafter", "none", "--json", "--verbose"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in proc.stderr:
+        if b"reserve took" in line:  # the context is made: generation is next
+            break
+    time.sleep(3)  # well into the count, not at its end: the tiny model makes ~50 tokens/s here
+    w.proc.kill()
+    w.proc.wait()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    import json
+
+    obj = json.loads(out)
+    assert obj["finish_reason"] == "error" and obj["error"].startswith(f"RPC worker {w.endpoint}: ")
+    assert 0 < obj["tokens"] < 3000 and obj["text"] and obj["stats"]["generated"] == obj["tokens"]
+    assert err.decode().strip().splitlines()[-1] == f"error: {obj['error']}"
+    assert b"Traceback" not in err
+
+
+@pytest.mark.real
+def test_serve_answers_open_requests_when_its_worker_dies_then_exits_1():
+    from .test_serve_real import ServeProcess
+
+    w = Worker()
+    server = ServeProcess("--pair", "tiny", "--rpc", w.endpoint, "--drafter", "none", "--port", "0")
+    try:
+        url = server.ready_url()
+        import httpx
+
+        events: list[str] = []
+        with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                          json={"prompt": "Count: 1, 2, 3,", "max_tokens": 3000,
+                                "stream": True}) as res:
+            for line in res.iter_lines():
+                if line:
+                    events.append(line)
+                if len(events) == 3:
+                    w.proc.kill()
+        assert events[-1] == "data: [DONE]"
+        assert '"backend_unavailable"' in events[-2] and w.endpoint in events[-2]
+        assert server.proc.wait(30) == 1
+        stderr = server.proc.stderr.read()
+        assert stderr.strip().splitlines()[-1].startswith(f"error: RPC worker {w.endpoint}: ")
+        assert "Traceback" not in stderr
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+@pytest.mark.real
+def test_chat_gives_the_terminal_back_when_its_worker_dies():
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    w = Worker()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `edgespec chat` on a terminal of 100 x 30
+        os.execv(sys.executable, [sys.executable, "-m", "edgespec", "chat", "--pair", "tiny",
+                                  "--rpc", w.endpoint, "--no-calibrate", "--drafter", "none",
+                                  "-n", "3000"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    screen = bytearray()
+
+    def read_until(done, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    screen.extend(os.read(fd, 1 << 16))
+                except OSError:  # the child has gone
+                    return done()
+            if done():
+                return True
+        return False
+
+    try:
+        assert read_until(lambda: b"Message (Enter sends" in screen, 60), bytes(screen[-500:])
+        # (that placeholder appears once the models are loaded)
+        w.proc.kill()  # before the message, not during the answer: the fault must not race it
+        w.proc.wait()
+        os.write(fd, b"Say hello\r")
+        assert read_until(lambda: b"error: RPC worker" in screen, 30), bytes(screen[-500:])
+        _, status = os.waitpid(pid, 0)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    tail = bytes(screen[screen.rindex(b"error: RPC worker"):]).decode()
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert tail.strip().startswith(f"error: RPC worker {w.endpoint}: ")
+    before = bytes(screen[:screen.rindex(b"error: RPC worker")])
+    assert before.rindex(b"\x1b[?1049l") > before.rindex(b"\x1b[?1049h")  # full screen left first
+    assert b"Traceback" not in screen
 
 
 class FreezingProxy:

@@ -105,6 +105,11 @@ def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_
         kwargs = dict(max_tokens=max_tokens, sampling=sampling, stop=list(stop), chat=chat,
                       system=system)
         collected = run.collected = Collector()
+        if as_json:  # a worker fault ends the process: the object so far goes out first
+            from ..runtime.rpc import on_fatal
+
+            on_fatal(lambda message: click.echo(_json(
+                {**collected.completion("error").to_dict(), "error": message})))
         chunk = None
         for chunk in engine.stream(text, **kwargs):
             collected.add(chunk)
@@ -154,6 +159,11 @@ def info(rpc: str | None) -> None:
         for dev in rpc_backend.connect(rpc_backend.parse_endpoints(rpc)):
             click.echo(f"remote device:    {dev.name} at {dev.description}: "
                        f"{dev.free / 2**30:.1f} of {dev.total / 2**30:.1f} GiB free")
+        from ..runtime.backend import offload_devices
+
+        order = offload_devices(rpc_backend.parse_endpoints(rpc), with_local=True)
+        click.echo("--tensor-split:   one weight per device, in this order: "
+                   + ", ".join(f"{d.name} ({d.description})" for d in order))
 
 
 for command in (models, bench, chat, serve, verify, worker):

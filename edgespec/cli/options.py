@@ -71,6 +71,9 @@ def model_options(func):
                           "(llama.cpp RPC: trusted networks only)."),
         click.option("--draft-rpc", metavar="HOST:PORT[,...]", default=None,
                      help="Put the draft's layers on these workers (default: the draft runs here)."),
+        click.option("--tensor-split", metavar="W[,W...]", default=None,
+                     help="Share the target's offloaded layers by weight: the --rpc workers' "
+                          "devices in order, then this machine's GPUs (see `edgespec info --rpc`)."),
         click.option("--rpc-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
                      show_default=True,
                      help="Seconds one call to the workers may take before giving up on them."),
@@ -125,6 +128,7 @@ def load_engine(opts: dict, *, progress: bool = True):
         rpc=opts["rpc"],
         draft_rpc=opts["draft_rpc"],
         rpc_timeout=opts["rpc_timeout"],
+        tensor_split=opts["tensor_split"],
         n_threads=opts["threads"],
         n_ctx=opts["n_ctx"],
         batch_consistent=not opts["fast_kernels"],

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import re
 import signal
@@ -35,7 +36,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..core.lookup import common_prefix
-from ..errors import ContextOverflowError, IncompatibleDraftError, ModelError
+from ..errors import ConfigError, ContextOverflowError, IncompatibleDraftError, ModelError
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
 from llama_cpp import _internals  # noqa: E402
@@ -196,19 +197,62 @@ class ModelOptions:
     #: RPC workers (``HOST:PORT``) whose devices take the offloaded layers (``edgespec worker``)
     rpc: tuple[str, ...] = ()
     rpc_timeout: float = 60.0  #: seconds one decode on the workers may take (then: error, exit)
+    #: how the offloaded layers are shared among the devices, in :func:`offload_devices` order
+    tensor_split: tuple[float, ...] = ()
 
 
-def _offload_devices(endpoints: tuple[str, ...]):
-    """The ``llama_model_params.devices`` array: the workers' devices for a model on RPC; this
-    machine's own offload devices for a local model once a worker is registered in this process
-    (left NULL, llama.cpp would use every registered device, the workers' too); else ``None``."""
+def parse_tensor_split(text: str | Sequence[float] | None) -> tuple[float, ...]:
+    """``"3,1"`` (or numbers) as weights, one per device; :class:`ConfigError` unless each is a
+    finite number >= 0 and one is > 0."""
+    if text is None or text == "" or (not isinstance(text, str) and not len(text)):
+        return ()
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        weights = tuple(float(w) for w in items)
+    except (TypeError, ValueError):
+        raise ConfigError(f"tensor split {text!r} is not a list of numbers like 3,1") from None
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or not any(weights):
+        raise ConfigError(f"tensor split {text!r}: weights must be >= 0, one of them > 0")
+    return weights
+
+
+def offload_devices(endpoints: tuple[str, ...], *, with_local: bool = False):
+    """The devices a model's offloaded layers may go to, in order, or ``None`` for llama.cpp's
+    default (every device, when this process has registered no worker). On workers: their
+    devices, in ``endpoints`` order, then (``with_local``: a tensor split weighs them too) this
+    machine's GPUs. Locally, once a worker is registered here: this machine's GPUs (left to
+    the default, llama.cpp would use the workers' devices too)."""
     from . import rpc
 
+    local = [d for d in rpc.local_devices() if d.kind != "CPU"] if with_local or rpc.connected() else None
     if endpoints:
-        return rpc.device_array(rpc.connect(endpoints))
-    if rpc.connected():
-        return rpc.device_array([d for d in rpc.local_devices() if d.kind != "CPU"])
-    return None
+        return rpc.connect(endpoints) + (local if with_local else [])
+    return local
+
+
+def _split_array(weights: tuple[float, ...], devices) -> ctypes.Array:
+    """``llama_model_params.tensor_split``: a weight per device (llama.cpp reads one for each)."""
+    if not devices:
+        raise ConfigError("a tensor split shares layers among devices, and there are none: "
+                          "no GPU here and no --rpc workers")
+    if len(weights) > len(devices):
+        names = ", ".join(d.name for d in devices)
+        raise ConfigError(f"tensor split {','.join(f'{w:g}' for w in weights)} has {len(weights)} "
+                          f"weights for {len(devices)} devices ({names})")
+    n = max(len(devices), llama_cpp.llama_max_devices())
+    return (ctypes.c_float * n)(*weights)
+
+
+_BUFFER_LINE = re.compile(r"(\S+) model buffer size =\s*([\d.]+) MiB")
+
+
+def model_buffers(log_lines: list[str]) -> dict[str, float]:
+    """MiB of model weights per buffer, from llama.cpp's load log."""
+    out: dict[str, float] = {}
+    for line in log_lines:
+        if m := _BUFFER_LINE.search(line):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def check_gguf_file(path: Path) -> None:
@@ -238,9 +282,15 @@ class LlamaBackend:
         _take_log_lines()  # drop stale lines
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
-        self._devices = _offload_devices(options.rpc)  # kept alive with the model
+        from .rpc import device_array
+
+        devices = offload_devices(options.rpc, with_local=bool(options.tensor_split))
+        self._devices = None if devices is None else device_array(devices)  # alive with the model
         if self._devices is not None:
             mparams.devices = ctypes.cast(self._devices, ctypes.c_void_p).value
+        if options.tensor_split:
+            self._split = _split_array(options.tensor_split, devices or [])
+            mparams.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         mparams.use_extra_bufts = options.repack
         mparams.progress_callback = _load_progress
         try:
@@ -251,6 +301,8 @@ class LlamaBackend:
         except BaseException:  # Ctrl-C: the model may have loaded just before it was noticed
             self.close()
             raise
+        #: MiB of weights on each buffer (``CPU_Mapped``, ``RPC0[host:port]``, ``CUDA0``)
+        self.placement: dict[str, float] = model_buffers(_take_log_lines())
 
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = options.n_ctx

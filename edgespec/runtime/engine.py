@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -208,6 +208,7 @@ class Engine:
         rpc: str | Sequence[str] | None = None,
         draft_rpc: str | Sequence[str] | None = None,
         rpc_timeout: float = 60.0,
+        tensor_split: str | Sequence[float] | None = None,
         n_threads: int | None = None,
         n_ctx: int = config.DEFAULT_N_CTX,
         n_batch: int = config.DEFAULT_N_BATCH,
@@ -229,7 +230,11 @@ class Engine:
         ``edgespec worker`` processes, ``draft_rpc`` the draft's (by default the draft runs here).
         ``n_gpu_layers`` defaults to every layer with ``rpc``, else none;
         ``draft_n_gpu_layers`` to every layer with ``draft_rpc``, else none when the target is on
-        workers, else ``n_gpu_layers``. A call to the workers that outlives ``rpc_timeout``
+        workers, else ``n_gpu_layers``. ``tensor_split`` (``"3,1"`` or numbers) shares the target's
+        offloaded layers among its devices by weight: the workers' devices in ``rpc`` order, then
+        this machine's GPUs (``edgespec info --rpc`` lists them in that order); without it they
+        go to the workers only (or, locally, as llama.cpp shares them by free memory).
+        A call to the workers that outlives ``rpc_timeout``
         seconds, a worker that dies or answers nonsense, ends the process with one ``error:``
         line (ggml cannot recover from it). ``batch_consistent`` makes the
         target's logits independent of how many tokens are scored per call (see README).
@@ -240,7 +245,7 @@ class Engine:
         from ..models.catalog import resolve_pair
         from ..models.drafts import DraftChoice
         from ..models.resolve import check_model_argument, resolve_model
-        from .backend import LlamaBackend, ModelOptions, check_compatible
+        from .backend import LlamaBackend, ModelOptions, check_compatible, parse_tensor_split
         from .rpc import parse_endpoints
 
         check_drafter_name(drafter)
@@ -254,6 +259,7 @@ class Engine:
         if draft is not None and drafter not in MODEL_DRAFTERS:
             check_model_argument(str(draft))  # not loaded, but a typo still deserves an error
         target_rpc, drafts_rpc = parse_endpoints(rpc), parse_endpoints(draft_rpc)
+        split = parse_tensor_split(tensor_split)
         if not rpc_timeout > 0:
             raise ConfigError(f"RPC timeout must be > 0 seconds, got {rpc_timeout}")
         if n_gpu_layers is None:
@@ -275,7 +281,8 @@ class Engine:
                                 n_batch=n_batch, batch_consistent=consistent, rpc=workers,
                                 rpc_timeout=rpc_timeout, repack=not workers)
 
-        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent, target_rpc))
+        target_be = LlamaBackend(replace(options(target_path, n_gpu_layers, batch_consistent,
+                                                 target_rpc), tensor_split=split))
         draft_be = None
         choice = None
         try:
