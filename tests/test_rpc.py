@@ -442,6 +442,24 @@ def test_a_worker_that_stops_answering_times_out():
 
 
 @pytest.mark.real
+def test_bench_through_a_worker_records_it_and_skips_the_local_only_reference(worker, tmp_path):
+    import json
+
+    out = tmp_path / "b.json"
+    res = subprocess.run([sys.executable, "-m", "edgespec", "bench", "--pair", "tiny", "--rpc",
+                          worker.endpoint, "--drafters", "none,lookup,llama-cpp-python",
+                          "--kinds", "edit", "-r", "1", "-n", "8", "--json", str(out),
+                          "--plot", str(tmp_path / "b.png")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["rpc"] == worker.endpoint
+    assert {o["config"] for o in doc["aggregates"]["overall"]} == {"none", "lookup"}
+    assert "llama-cpp-python has no RPC" in json.dumps(doc)
+    assert all(o["tokens_per_second"] > 0 for o in doc["aggregates"]["overall"])
+
+
+@pytest.mark.real
 def test_verify_through_a_worker_passes_and_names_the_mode(worker):
     res = subprocess.run([sys.executable, "-m", "edgespec", "verify", "--pair", "tiny", "--rpc",
                           worker.endpoint, "--drafters", "model,lookup", "--no-greedy",
