@@ -12,7 +12,6 @@ from click.testing import CliRunner
 
 from edgespec.bench.verify import tv_distance, tv_test, verify_greedy, verify_sampling
 from edgespec.cli.main import cli
-from edgespec.cli.verify import FAILED_EXIT
 from edgespec.core import rejection
 from edgespec.core.dist import as_dist
 from edgespec.core.rejection import Source, Verdict
