@@ -156,12 +156,13 @@ def info(rpc: str | None) -> None:
         click.echo(f"device:           {dev.name} ({dev.kind}): {dev.description}, "
                    f"{dev.free / 2**30:.1f} of {dev.total / 2**30:.1f} GiB free")
     if rpc:
-        for dev in rpc_backend.connect(rpc_backend.parse_endpoints(rpc)):
+        endpoints = rpc_backend.parse_endpoints(rpc)
+        for dev in rpc_backend.connect(endpoints):
             click.echo(f"remote device:    {dev.name} at {dev.description}: "
                        f"{dev.free / 2**30:.1f} of {dev.total / 2**30:.1f} GiB free")
         from ..runtime.backend import offload_devices
 
-        order = offload_devices(rpc_backend.parse_endpoints(rpc), with_local=True)
+        order = offload_devices(endpoints, with_local=True)
         click.echo("--tensor-split:   one weight per device, in this order: "
                    + ", ".join(f"{d.name} ({d.description})" for d in order))
 

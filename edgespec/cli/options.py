@@ -12,6 +12,7 @@ import click
 from .. import config
 from ..errors import ConfigError, EdgespecError
 from ..runtime.drafters import DRAFTER_NAMES
+from ..runtime.rpc import DEFAULT_RPC_TIMEOUT_S
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -74,7 +75,8 @@ def model_options(func):
         click.option("--tensor-split", metavar="W[,W...]", default=None,
                      help="Share the target's offloaded layers by weight: the --rpc workers' "
                           "devices in order, then this machine's GPUs (see `edgespec info --rpc`)."),
-        click.option("--rpc-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+        click.option("--rpc-timeout", type=click.FloatRange(min=0, min_open=True),
+                     default=DEFAULT_RPC_TIMEOUT_S,
                      show_default=True,
                      help="Seconds one call to the workers may take before giving up on them."),
         click.option("--threads", "-t", type=click.IntRange(1), default=None,

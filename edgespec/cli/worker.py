@@ -71,9 +71,7 @@ def worker(host: str, port: int, allow_remote: bool, devices: tuple[str, ...], t
         raise ConfigError(f"--host {host} would serve this machine's devices to anyone who can reach "
                           "it: the RPC protocol has no authentication and no encryption. On a trusted "
                           "network, add --allow-remote")
-    if not rpc.available():
-        raise ConfigError("this llama.cpp was built without RPC: rebuild with `make setup` "
-                          "(it adds -DGGML_RPC=ON)")
+    rpc.require()
     chosen = _pick(rpc.local_devices(), devices)
     cache_dir = None if no_cache else Path(cache).expanduser() if cache else config.cache_dir() / "rpc"
     if cache_dir is not None:

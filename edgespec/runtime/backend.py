@@ -37,6 +37,7 @@ import numpy as np
 
 from ..core.lookup import common_prefix
 from ..errors import ConfigError, ContextOverflowError, IncompatibleDraftError, ModelError
+from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
 from llama_cpp import _internals  # noqa: E402
@@ -196,7 +197,7 @@ class ModelOptions:
     repack: bool = True  #: llama.cpp's repacked CPU weights (faster; see CONSISTENT_BATCH)
     #: RPC workers (``HOST:PORT``) whose devices take the offloaded layers (``edgespec worker``)
     rpc: tuple[str, ...] = ()
-    rpc_timeout: float = 60.0  #: seconds one decode on the workers may take (then: error, exit)
+    rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S  #: seconds one decode on the workers may take
     #: how the offloaded layers are shared among the devices, in :func:`offload_devices` order
     tensor_split: tuple[float, ...] = ()
 
@@ -365,6 +366,8 @@ class LlamaBackend:
 
     def close(self) -> None:
         """Free the context and model (idempotent)."""
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.close()
         if getattr(self, "_batch", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

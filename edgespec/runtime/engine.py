@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -27,6 +27,7 @@ from ..core.textstream import TextStream
 from ..errors import ConfigError, ContextOverflowError, EdgespecError, IncompatibleDraftError
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
 from .loop import prefill, rounds
+from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ class Engine:
         draft_n_gpu_layers: int | None = None,
         rpc: str | Sequence[str] | None = None,
         draft_rpc: str | Sequence[str] | None = None,
-        rpc_timeout: float = 60.0,
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S,
         tensor_split: str | Sequence[float] | None = None,
         n_threads: int | None = None,
         n_ctx: int = config.DEFAULT_N_CTX,
@@ -274,15 +275,16 @@ class Engine:
         if draft is not None and drafter in MODEL_DRAFTERS:  # fetched before anything loads
             draft_path = resolve_model(str(draft), download=download, progress=progress)
 
-        def options(path: Path, ngl: int, consistent: bool, workers: tuple[str, ...]) -> ModelOptions:
+        def options(path: Path, ngl: int, consistent: bool, workers: tuple[str, ...],
+                    split: tuple[float, ...] = ()) -> ModelOptions:
             # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
             # allocates plain buffers): the pieces then follow the plain kernels (7 rows).
             return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx,
                                 n_batch=n_batch, batch_consistent=consistent, rpc=workers,
-                                rpc_timeout=rpc_timeout, repack=not workers)
+                                rpc_timeout=rpc_timeout, repack=not workers, tensor_split=split)
 
-        target_be = LlamaBackend(replace(options(target_path, n_gpu_layers, batch_consistent,
-                                                 target_rpc), tensor_split=split))
+        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent, target_rpc,
+                                         split))
         draft_be = None
         choice = None
         try:
@@ -290,13 +292,12 @@ class Engine:
                 # Picked once the target has loaded: a file llama.cpp refuses needs no draft.
                 choice, draft_path = _pick_draft(str(target), target_path, download, progress)
             if draft_path is not None:
-                ngl = draft_n_gpu_layers
                 # Exactness needs only the target's logits to be batch-independent: the draft's
                 # q is whatever it samples from, so it keeps the fastest kernels. A draft that
                 # is the target's own file keeps the target's settings, so that q == p exactly.
                 same_file = draft_path.resolve() == target_path.resolve()
-                draft_be = LlamaBackend(options(draft_path, ngl, batch_consistent and same_file,
-                                                drafts_rpc))
+                draft_be = LlamaBackend(options(draft_path, draft_n_gpu_layers,
+                                                batch_consistent and same_file, drafts_rpc))
                 try:
                     check_compatible(target_be, draft_be)
                 except IncompatibleDraftError as err:

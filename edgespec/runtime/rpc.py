@@ -115,7 +115,8 @@ def available() -> bool:
         return False
 
 
-def _rpc_reg() -> int:
+def require() -> int:
+    """The RPC backend's registry; :class:`ConfigError` when this llama.cpp was built without it."""
     reg = _ggml().ggml_backend_reg_by_name(b"RPC")
     if not reg:
         raise ConfigError("this llama.cpp was built without RPC: rebuild with `make setup` "
@@ -124,7 +125,7 @@ def _rpc_reg() -> int:
 
 
 def _proc(name: str, restype, *argtypes):
-    addr = _ggml().ggml_backend_reg_get_proc_address(_rpc_reg(), name.encode())
+    addr = _ggml().ggml_backend_reg_get_proc_address(require(), name.encode())
     if not addr:
         raise ConfigError(f"this llama.cpp's RPC backend has no {name}")
     return ctypes.CFUNCTYPE(restype, *argtypes)(addr)
@@ -268,12 +269,16 @@ class Watchdog:
         self.timeout = timeout
         self.deadline: float | None = None
         self._endpoints = ", ".join(endpoints)
+        self._closed = threading.Event()
         threading.Thread(target=self._watch, name="rpc-watchdog", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop watching (the model is freed)."""
+        self._closed.set()
 
     def _watch(self) -> None:
         tick = min(1.0, self.timeout / 4)
-        while True:
-            time.sleep(tick)
+        while not self._closed.wait(tick):
             deadline = self.deadline
             if deadline is not None and time.perf_counter() > deadline:
                 fatal(f"RPC worker {self._endpoints}: no answer within {self.timeout:g} s "
