@@ -460,3 +460,66 @@ def test_auto_joint_of_first_three_tokens_is_the_targets(mode, frozen_costs):
     counts = _first_three(target, drafter, params, N_STAT, 33)
     assert chi2_pvalue(counts, _exact_joint(params)) > ALPHA
     assert len(drafter.choices) >= 3  # several draft lengths were played
+
+
+class Picking:
+    """A fake target or draft that also answers ``decode_argmax`` (as LlamaBackend does), and
+    counts the rows of logits it handed out."""
+
+    def __init__(self, lm):
+        self.lm = lm
+        self.n_ctx = lm.n_ctx
+        self.rows = 0
+        self.picked = 0
+
+    @property
+    def tokens(self):
+        return self.lm.tokens
+
+    def sync(self, prefix):
+        return self.lm.sync(prefix)
+
+    def decode(self, tokens, n_logits):
+        self.rows += n_logits
+        return self.lm.decode(tokens, n_logits)
+
+    def decode_argmax(self, tokens, n_logits):
+        self.picked += n_logits
+        return np.argmax(self.lm.decode(tokens, n_logits), axis=1).astype(np.int32)
+
+
+@pytest.mark.parametrize("name", ["none", "model", "lookup", "hybrid"])
+def test_greedy_rounds_use_picks_and_give_the_same_rounds(name):
+    target, draft = _greedy_setup()
+    want, want_rounds, _ = generate(target, make_drafter(name, draft, 8), PROMPT, GREEDY, 4, 80)
+    target, draft = _greedy_setup()
+    t, d = Picking(target), Picking(draft)
+    got, got_rounds, _ = generate(t, make_drafter(name, d, 8), PROMPT, GREEDY, 4, 80)
+    assert got == want and got_rounds == want_rounds
+    assert t.rows == 0 and t.picked >= 80  # no target row reached the loop
+    if name in ("model", "hybrid"):
+        assert d.rows == 0 and d.picked > 0
+    # sampled rounds still read rows
+    target, draft = _greedy_setup()
+    t = Picking(target)
+    generate(t, make_drafter(name, Picking(draft), 8), PROMPT, T1, 4, 20)
+    assert t.picked == 0 and t.rows >= 20
+
+
+def test_greedy_draft_stops_at_a_pick_past_the_targets_vocabulary():
+    # The draft's vocabulary has 4 padding ids past the target's 8; when the draft model's
+    # pick is one of them, the draft ends there (the target could not score it).
+    target, _ = pair(8, seed=3)
+    draft_table = Table(12, seed=3)
+    draft = FakeLM(draft_table, n_ctx=256)
+
+    class PadPicks(Picking):
+        def decode_argmax(self, tokens, n_logits):
+            ids = super().decode_argmax(tokens, n_logits)
+            return np.where(np.arange(len(self.lm.tokens))[-n_logits:] % 3 == 2, 9, ids)
+
+    drafter = make_drafter("model", PadPicks(draft), 8)
+    target.decode(PROMPT[:-1], 0)
+    got = drafter.propose(list(PROMPT), 6, GREEDY, make_rng(0))
+    assert got.tokens and len(got.tokens) < 6 and all(t < 8 for t in got.tokens)
+    assert got.q == [None] * len(got.tokens)

@@ -161,3 +161,41 @@ def test_llama_library_is_loaded_before_numpy(numpy_first):
     assert how == ("loaded-late" if numpy_first else "loaded")
     assert llama_mapped == "True" and numpy_mapped == str(numpy_first)
     assert generated == "4"
+
+
+def test_backend_picks_equal_the_argmax_of_the_rows(tiny_engine):
+    # decode_argmax (llama.cpp's greedy sampler in the graph) against NumPy's argmax of the
+    # rows of the same batch, switching between the two modes both ways: 7 rows span three
+    # batch-consistent pieces, so the picks of every piece are read.
+    be = tiny_engine.target
+    ctx = be.tokenize(STORY)
+    batch = ctx[-7:]
+
+    def cache(prefix):
+        be.decode(prefix[be.sync(prefix):], 0)
+
+    assert be.backend_argmax
+    for _ in range(2):
+        cache(ctx[:-7])
+        picks = be.decode_argmax(batch, 7)
+        assert be._argmax_on  # the backend sampler answered, not the NumPy fallback
+        cache(ctx[:-7])
+        rows = be.decode(batch, 7)
+        assert not be._argmax_on
+        assert picks.tolist() == np.argmax(rows, axis=1).tolist()
+    cache(ctx[:-1])
+    assert be.decode_argmax(ctx[-1:], 0).size == 0 and not be._argmax_on  # no rows: no switch
+    assert be.tokens == ctx
+
+
+def test_backend_picks_without_backend_sampling_are_numpys(tiny_engine):
+    path = tiny_engine.target.path
+    be = LlamaBackend(ModelOptions(path=path, n_ctx=256, n_threads=2, backend_sampling=False))
+    try:
+        ctx = be.tokenize(STORY)
+        picks = be.decode_argmax(ctx, 4)
+        assert not be._argmax_on and not be.backend_argmax
+        be.sync([])
+        assert picks.tolist() == np.argmax(be.decode(ctx, 4), axis=1).tolist()
+    finally:
+        be.close()

@@ -187,3 +187,23 @@ def test_residual_without_mass_falls_back_to_target():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="k\\+1"):
         verify([1], [None], np.ones((1, 3)) / 3, make_rng(0))
+
+
+def test_greedy_verdict_from_picks_equals_the_full_test():
+    # verify_greedy sees only the target's picks; verify sees the one-hot distributions (and
+    # one-hot drafts, as a greedy draft model's or lookup's). Same verdict on every case of
+    # k <= 3 drafts over 3 tokens, with every pick pattern.
+    greedy = SamplingParams(temperature=0)
+    for k in range(4):
+        for drafts in product(range(3), repeat=k):
+            for picks in product(range(3), repeat=k + 1):
+                p = [process(np.eye(3)[t] * 5.0, greedy) for t in picks]
+                q = [None if i % 2 else process(np.eye(3)[x] * 5.0, greedy)
+                     for i, x in enumerate(drafts)]
+                want = verify(list(drafts), q, p, make_rng(0))
+                assert rejection.verify_greedy(list(drafts), np.array(picks, np.int32)) == want
+
+
+def test_greedy_verdict_needs_k_plus_one_picks():
+    with pytest.raises(ValueError, match="k\\+1"):
+        rejection.verify_greedy([1, 2], [1, 2])

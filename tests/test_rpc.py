@@ -290,11 +290,19 @@ def test_worker_killed_mid_stream_with_json_prints_the_object_so_far():
     for line in proc.stderr:
         if b"reserve took" in line:  # the context is made: generation is next
             break
+    # keep reading the log: the greedy sampler's graph reserve logs ~75 KB more, and a full pipe
+    # would stop the process before it generates anything
+    log: list[bytes] = []
+    reader = threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True)
+    reader.start()
     time.sleep(3)  # well into the count, not at its end: the tiny model makes ~50 tokens/s here
     w.proc.kill()
     w.proc.wait()
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err
+    out = proc.stdout.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    err = b"".join(log)
+    assert proc.returncode == 1, err[-2000:]
     import json
 
     obj = json.loads(out)

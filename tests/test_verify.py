@@ -100,6 +100,14 @@ def _accept_everything(draft_tokens, q_draft, p_target, rng):
     return Verdict(k, as_dist(p_target[k]).sample(rng), Source.BONUS)
 
 
+def _accept_every_pick(draft_tokens, target_picks):
+    """The same break in greedy rounds (judged from the target's picks)."""
+    k = len(draft_tokens)
+    if k == 0:
+        return rejection.verify_greedy(draft_tokens, target_picks)
+    return Verdict(k, int(target_picks[k]), Source.BONUS)
+
+
 @pytest.mark.real
 def test_audit_passes_on_the_tiny_model_and_catches_a_broken_sampler(tiny_engine, monkeypatch):
     prompts = [("copy", "Repeat after me: one two three four five six", True)]
@@ -111,6 +119,7 @@ def test_audit_passes_on_the_tiny_model_and_catches_a_broken_sampler(tiny_engine
     assert ok[0].passed and ok[0].drafted > 0
 
     monkeypatch.setattr(loop, "verify", _accept_everything)
+    monkeypatch.setattr(loop, "verify_greedy", _accept_every_pick)
     bad = verify_sampling(tiny_engine, "The cat sat on the mat. The cat sat on the", ["lookup"],
                           params, tokens=2, samples=60, alpha=0.001, permutations=999, chat=False)
     assert not bad[0].passed and bad[0].test.p_value <= 0.001

@@ -77,6 +77,23 @@ def verify(
     return Verdict(k, as_dist(p_target[k]).sample(rng), source)
 
 
+def verify_greedy(draft_tokens: Sequence[int], target_picks: Sequence[int]) -> Verdict:
+    """:func:`verify` for greedy decoding, from the target's picks alone.
+
+    Greedy processing makes every target distribution one-hot on its pick (``target_picks``:
+    k + 1 token ids) and every draft one-hot, so a draft is accepted exactly when it equals
+    the pick, and the first mismatch is replaced by the pick (the residual of two different
+    one-hots is the target's). Same verdicts as :func:`verify`, without any distribution.
+    """
+    k = len(draft_tokens)
+    if len(target_picks) != k + 1:
+        raise ValueError(f"verify_greedy: {k} drafts, {len(target_picks)} target picks (need k+1)")
+    for i, x in enumerate(draft_tokens):
+        if x != target_picks[i]:
+            return Verdict(i, int(target_picks[i]), Source.CORRECTED)
+    return Verdict(k, int(target_picks[k]), Source.BONUS if k else Source.TARGET)
+
+
 #: Tries of the residual's rejection sampler before it computes the residual densely.
 RESIDUAL_TRIES = 32
 

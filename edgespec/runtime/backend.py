@@ -52,6 +52,10 @@ _MAX_VOCAB_SIZE_DIFFERENCE = 128
 #: matmul from 8.
 CONSISTENT_BATCH = {True: 3, False: 7}
 
+#: Most rows one llama_decode call has llama.cpp's backend sampler pick from (a round of the
+#: longest draft, 64, reads 65); a longer greedy batch is decoded in calls of this many rows.
+MAX_SAMPLED_ROWS = 72
+
 _log_lock = threading.Lock()
 _log_lines: list[str] = []
 _verbose = False
@@ -200,6 +204,9 @@ class ModelOptions:
     rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S  #: seconds one decode on the workers may take
     #: how the offloaded layers are shared among the devices, in :func:`offload_devices` order
     tensor_split: tuple[float, ...] = ()
+    #: greedy picks (:meth:`LlamaBackend.decode_argmax`) run in llama.cpp's graph, on the
+    #: device holding the output layer, and a greedy row's logits never reach the host
+    backend_sampling: bool = True
 
 
 def parse_tensor_split(text: str | Sequence[float] | None) -> tuple[float, ...]:
@@ -313,6 +320,9 @@ class LlamaBackend:
         cparams.n_threads = options.n_threads
         cparams.n_threads_batch = options.n_threads
         cparams.no_perf = True
+        if options.backend_sampling and hasattr(cparams, "n_outputs_max_per_seq"):
+            # a verification batch's rows are all sampled in the graph (default: one per call)
+            cparams.n_outputs_max_per_seq = MAX_SAMPLED_ROWS
         if options.batch_consistent:
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         try:
@@ -356,6 +366,12 @@ class LlamaBackend:
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
         self.path = path
+        # llama.cpp's backend sampling: a one-sampler chain (greedy) attached to sequence 0
+        # while greedy rows are decoded (attached, the raw logits are not copied out)
+        self._argmax_chain = None
+        self._argmax_on = False
+        self.backend_argmax: bool = (options.backend_sampling
+                                     and hasattr(llama_cpp, "llama_set_sampler"))
         self._watchdog = None
         if options.rpc:
             from .rpc import Watchdog
@@ -374,6 +390,9 @@ class LlamaBackend:
         if getattr(self, "_ctx", None) is not None:
             self._ctx.close()
             self._ctx = None
+        if getattr(self, "_argmax_chain", None) is not None:  # (after the context using it)
+            llama_cpp.llama_sampler_free(self._argmax_chain)
+            self._argmax_chain = None
         if getattr(self, "_model", None) is not None:
             self._model.close()
             self._model = None
@@ -408,6 +427,42 @@ class LlamaBackend:
         call produced every row, it is llama.cpp's own output buffer (no copy). Copy what you
         keep.
         """
+        if n_logits and self._argmax_on:
+            self._attach_argmax(False)
+        return self._decode(tokens, n_logits, False)
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Like :meth:`decode`, but return only each row's arg-max token id (int32, shape
+        ``(n_logits,)``): greedy decoding's pick. With backend sampling (the default) llama.cpp
+        computes it inside its graph, on the device that holds the output layer, and the
+        rows never reach the host; ties go to the id ggml's ``argmax`` picks on that device
+        (the last on the CPU). Otherwise it is NumPy's ``argmax`` of :meth:`decode`'s rows (the
+        lowest id). Either way one backend gives one answer for the same logits, so greedy
+        speculation and plain greedy decoding agree."""
+        if n_logits and self.backend_argmax and not self._argmax_on:
+            self._attach_argmax(True)
+        if n_logits and self._argmax_on:
+            return self._decode(tokens, n_logits, True)
+        return np.argmax(self.decode(tokens, n_logits), axis=1).astype(np.int32)
+
+    def _attach_argmax(self, on: bool) -> None:
+        # A chain is initialised for its context once (llama.cpp aborts on a second
+        # attach), so each attach makes a new one. A detached chain is freed at the next
+        # change, once a decode has rebuilt the graph without it.
+        if self._argmax_chain is not None and not self._argmax_on:
+            llama_cpp.llama_sampler_free(self._argmax_chain)
+            self._argmax_chain = None
+        if on:
+            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            self._argmax_chain = chain
+        ok = llama_cpp.llama_set_sampler(self._ctx.ctx, 0, self._argmax_chain if on else None)
+        if on and not ok:  # this context cannot run it (e.g. split mode "tensor"): NumPy's
+            self.backend_argmax = False
+            on = False
+        self._argmax_on = on
+
+    def _decode(self, tokens: Sequence[int], n_logits: int, argmax: bool) -> np.ndarray:
         if not 0 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
         start = len(self.tokens)
@@ -417,10 +472,16 @@ class LlamaBackend:
             )
         first_logit = len(tokens) - n_logits
         spans = self._chunks(len(tokens), first_logit)
-        # one llama_decode call produces every row: hand out llama.cpp's buffer; otherwise
-        # (pieces) gather the rows in a buffer of ours
-        single = sum(c1 > first_logit for _, c1 in spans) == 1
-        out = None if single or not n_logits else self._gather_rows(n_logits)
+        if argmax:
+            out = np.empty(n_logits, np.int32)
+            single = False
+            if not self._pieces:
+                spans = self._chunks(len(tokens), first_logit, MAX_SAMPLED_ROWS)
+        else:
+            # one llama_decode call produces every row: hand out llama.cpp's buffer; otherwise
+            # (pieces) gather the rows in a buffer of ours
+            single = sum(c1 > first_logit for _, c1 in spans) == 1
+            out = None if single or not n_logits else self._gather_rows(n_logits)
         try:
             for c0, c1 in spans:
                 m = c1 - c0
@@ -447,11 +508,14 @@ class LlamaBackend:
                 self.tokens.extend(tokens[c0:c1])
                 rows = c1 - max(c0, first_logit)
                 if rows > 0:
+                    lo = max(c0, first_logit) - first_logit
+                    if argmax:
+                        self._sampled_ids(out[lo:lo + rows])
+                        continue
                     got = self._logits_view(rows)
                     if single:
                         out = got
                     else:
-                        lo = max(c0, first_logit) - first_logit
                         out[lo:lo + rows] = got
         except BaseException:
             # Interrupted or failed mid-way: the cache may hold more than `tokens` says.
@@ -462,6 +526,14 @@ class LlamaBackend:
             return np.empty((0, self.n_vocab), np.float32)
         out.flags.writeable = False
         return out
+
+    def _sampled_ids(self, out: np.ndarray) -> None:
+        """The backend sampler's picks for the last call's outputs, into ``out``."""
+        ctx = self._ctx.ctx
+        for j in range(out.size):
+            out[j] = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+        if out.size and int(out.min()) < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
+            raise ModelError("llama.cpp's backend sampler returned no token")
 
     def _logits_view(self, rows: int) -> np.ndarray:
         """llama.cpp's logits of the last call, ``(rows, n_vocab)``, without a copy."""
@@ -479,14 +551,17 @@ class LlamaBackend:
             self._gather = np.empty((max(n, 8), self.n_vocab), np.float32)
         return self._gather[:n]  # a new view each time: writeable until handed out
 
-    def _chunks(self, n: int, first_logit: int) -> list[tuple[int, int]]:
+    def _chunks(self, n: int, first_logit: int, rows: int | None = None) -> list[tuple[int, int]]:
         """Split a decode into llama_decode calls: tokens without logits (prefill) in batches of
         n_batch; tokens whose logits are read, in batch-consistent mode, in batches small enough
-        that every one of them goes through the same matmul kernels as a single token."""
+        that every one of them goes through the same matmul kernels as a single token (or, if
+        given, of at most ``rows``)."""
         step = self._n_batch
         spans = [(c, min(c + step, first_logit)) for c in range(0, first_logit, step)]
         if self._pieces:
             step = min(CONSISTENT_BATCH[self.options.repack], step)
+        elif rows is not None:
+            step = min(rows, step)
         spans += [(c, min(c + step, n)) for c in range(first_logit, n, step)]
         return spans
 

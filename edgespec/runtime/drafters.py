@@ -53,6 +53,9 @@ class DraftModel(Protocol):
 
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
 
+    # Optional: ``decode_argmax(tokens, n_logits)``, the rows' arg-max ids only (greedy drafts
+    # then never bring a row of logits to the host).
+
 
 class Drafter(Protocol):
     name: str
@@ -135,6 +138,8 @@ class ModelDrafter:
         if n_cached == len(context):  # everything cached: re-feed the last token for its logits
             self.model.sync(context[:-1])
             n_cached -= 1
+        if params.greedy and hasattr(self.model, "decode_argmax"):
+            return self._propose_greedy(context[n_cached:], k, draft)
         logits = self.model.decode(context[n_cached:], 1)[0]
         for i in range(k):
             if logits.size > self.n_vocab:  # padding rows past the target's vocabulary
@@ -148,6 +153,19 @@ class ModelDrafter:
             draft.q.append(q)
             if i + 1 < k:
                 logits = self.model.decode([x], 1)[0]
+        return draft
+
+    def _propose_greedy(self, feed: Sequence[int], k: int, draft: Draft) -> Draft:
+        """Greedy drafts from the draft model's own arg-max picks (one-hot: ``q`` is None)."""
+        decode = self.model.decode_argmax
+        x = int(decode(feed, 1)[0])
+        for i in range(k):
+            if x >= self.n_vocab:  # a padding id past the target's vocabulary: stop there
+                break
+            draft.tokens.append(x)
+            draft.q.append(None)
+            if i + 1 < k:
+                x = int(decode([x], 1)[0])
         return draft
 
     def wants_prompt_cached(self, k: int) -> bool:

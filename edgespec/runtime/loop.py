@@ -18,7 +18,7 @@ from typing import Iterator, Protocol, Sequence
 import numpy as np
 
 from ..core.dist import AnyDist
-from ..core.rejection import Source, verify
+from ..core.rejection import Source, verify, verify_greedy
 from ..core.sampling import SamplingParams, distribution
 from ..core.stats import Stats
 from .drafters import Drafter, Outcome
@@ -31,6 +31,9 @@ class Target(Protocol):
     def sync(self, prefix: Sequence[int]) -> int: ...
 
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
+
+    # Optional: ``decode_argmax(tokens, n_logits)``, each row's arg-max id only. Greedy rounds
+    # use it when present: the target's picks are all a greedy verdict needs.
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def rounds(
     """
     committed = list(prompt)
     emitted = 0
+    picks = getattr(target, "decode_argmax", None) if params.greedy else None
     while len(committed) < target.n_ctx:
         # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
         # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
@@ -100,10 +104,14 @@ def rounds(
         t1 = time.perf_counter()
 
         target.sync(committed[:-1])
-        logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
-        t2 = time.perf_counter()
-
-        verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
+        if picks is not None:
+            ids = picks([committed[-1], *tokens], len(tokens) + 1)
+            t2 = time.perf_counter()
+            verdict = verify_greedy(tokens, ids)
+        else:
+            logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
+            t2 = time.perf_counter()
+            verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
         t3 = time.perf_counter()
 
         new = tokens[: verdict.n_accepted] + [verdict.next_token]
