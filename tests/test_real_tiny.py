@@ -199,3 +199,22 @@ def test_backend_picks_without_backend_sampling_are_numpys(tiny_engine):
         assert picks.tolist() == np.argmax(be.decode(ctx, 4), axis=1).tolist()
     finally:
         be.close()
+
+
+def test_a_context_that_cannot_run_the_sampler_falls_back_to_numpy(tiny_engine, monkeypatch):
+    # llama.cpp refuses a backend sampler on some contexts (split mode "tensor"): the picks
+    # then come from NumPy, and stay right.
+    import llama_cpp
+
+    real = llama_cpp.llama_set_sampler
+    monkeypatch.setattr(llama_cpp, "llama_set_sampler",
+                        lambda ctx, seq, smpl: False if smpl is not None else real(ctx, seq, smpl))
+    be = LlamaBackend(ModelOptions(path=tiny_engine.target.path, n_ctx=256, n_threads=2))
+    try:
+        ctx = be.tokenize(STORY)
+        picks = be.decode_argmax(ctx, 4)
+        assert not be.backend_argmax and not be._argmax_on
+        be.sync([])
+        assert picks.tolist() == np.argmax(be.decode(ctx, 4), axis=1).tolist()
+    finally:
+        be.close()
