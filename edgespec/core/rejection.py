@@ -88,10 +88,11 @@ def verify_greedy(draft_tokens: Sequence[int], target_picks: Sequence[int]) -> V
     k = len(draft_tokens)
     if len(target_picks) != k + 1:
         raise ValueError(f"verify_greedy: {k} drafts, {len(target_picks)} target picks (need k+1)")
+    picks = target_picks.tolist() if isinstance(target_picks, np.ndarray) else target_picks
     for i, x in enumerate(draft_tokens):
-        if x != target_picks[i]:
-            return Verdict(i, int(target_picks[i]), Source.CORRECTED)
-    return Verdict(k, int(target_picks[k]), Source.BONUS if k else Source.TARGET)
+        if x != picks[i]:
+            return Verdict(i, int(picks[i]), Source.CORRECTED)
+    return Verdict(k, int(picks[k]), Source.BONUS if k else Source.TARGET)
 
 
 #: Tries of the residual's rejection sampler before it computes the residual densely.

@@ -357,6 +357,7 @@ class LlamaBackend:
                                  llama_cpp.llama_n_ubatch(self._ctx.ctx))
         #: token ids held by the KV cache, position i holds tokens[i]
         self.tokens: list[int] = []
+        self._pieces_cache: dict[int, bytes] = {}  # token_bytes, once per token id
         # The pieces-of-3 rule is about ggml-cpu's kernels. With layers on a GPU, batch scoring
         # is what makes speculation pay, and CUDA picks its kernels by batch size anyway.
         # On RPC workers the pieces stay: a worker serving its CPU runs the same ggml-cpu
@@ -531,9 +532,10 @@ class LlamaBackend:
         """The backend sampler's picks for the last call's outputs, into ``out``."""
         ctx = self._ctx.ctx
         for j in range(out.size):
-            out[j] = llama_cpp.llama_get_sampled_token_ith(ctx, j)
-        if out.size and int(out.min()) < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
-            raise ModelError("llama.cpp's backend sampler returned no token")
+            token = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+            if token < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
+                raise ModelError("llama.cpp's backend sampler returned no token")
+            out[j] = token
 
     def _logits_view(self, rows: int) -> np.ndarray:
         """llama.cpp's logits of the last call, ``(rows, n_vocab)``, without a copy."""
@@ -574,12 +576,15 @@ class LlamaBackend:
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes of one token (may be part of a multi-byte character)."""
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
+        piece = self._pieces_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        return buf.raw[:n]
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces_cache[token] = buf.raw[:n]
+        return piece
 
     def token_text(self, token: int) -> str:
         """The vocabulary entry's text (as stored in the GGUF), for compatibility checks."""
