@@ -107,7 +107,7 @@ def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket):
     # that fails bins the float32 weights (a sample of 0: always the bins)
     sample_size, ranks = bracket
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sampling, "_MAX_CANDIDATES", 0)
+        mp.setattr(sampling, "_MAX_CANDIDATES", 0)  # no min-p shortcut
         mp.setattr(sampling, "_NUCLEUS_GUESS", guess)
         mp.setattr(sampling, "_SAMPLE", max(sample_size, 1))
         if not sample_size:
@@ -163,6 +163,50 @@ def test_full_vocabulary_rows(top, mode):
         dense = isinstance(distribution(row, params), Dense)
         assert dense == (mode == "t0.8" or (mode == "top_p0.95" and top == 9.0))
         assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.05])
+def test_a_confident_row_finds_its_nucleus_without_weighing_the_whole_row(min_p, monkeypatch):
+    # the weight outside ~1,000 candidates is bounded well enough to place the cut: no float32
+    # pass over the vocabulary
+    params = SamplingParams(temperature=0.8, top_p=0.95, min_p=min_p)
+    row = vocab_row(top=20.0)
+
+    def whole_row(*args):
+        raise AssertionError("the whole row was weighed")
+
+    monkeypatch.setattr(sampling, "_dense", whole_row)
+    assert isinstance(distribution(row, params), Sparse)
+    monkeypatch.undo()
+    assert_same(row, params)
+
+
+def test_the_bound_on_the_weight_outside_decides_or_refuses():
+    # one candidate (weight 1) and 999 other tokens: whether it alone is the nucleus depends on
+    # how heavy the others may be
+    row = np.full(1000, -60.0, np.float32)
+    row[0] = 0.0
+    params = SamplingParams(temperature=1.0, top_p=0.5)
+    ids, w = np.array([0]), np.array([1.0])
+    # others below -60: together under 1e-23, the nucleus is the candidate
+    got = sampling._bounded(row, 0.0, params, ids, w, -60.0, False, 1000)
+    assert isinstance(got, Sparse) and got.ids.tolist() == [0]
+    # others up to -5: they may weigh 999 * e**-5 = 6.7 > 1, so the cut may lie past the
+    # candidate: not decided from the candidates
+    assert sampling._bounded(row, 0.0, params, ids, w, -5.0, False, 1000) is None
+    # the same as a min-p support (final): keeping every candidate is then the answer
+    got = sampling._bounded(row, 0.0, SamplingParams(temperature=1.0, top_p=0.5, min_p=0.5),
+                            ids, w, -5.0, True, 1000)
+    assert isinstance(got, Sparse) and got.ids.tolist() == [0]
+    # two candidates of weight 1 and 0.5, others up to -5 (at most 6.7): a top-p of 0.05 cuts
+    # after the first token for any total from 1.5 to 8.2; 0.5 would not be decided
+    row[1] = np.log(0.5)
+    ids, w = np.array([0, 1]), np.array([1.0, 0.5])
+    got = sampling._bounded(row, 0.0, SamplingParams(temperature=1.0, top_p=0.05), ids, w,
+                            -5.0, False, 1000)
+    assert isinstance(got, Sparse) and got.ids.tolist() == [0]
+    assert sampling._bounded(row, 0.0, SamplingParams(temperature=1.0, top_p=0.9), ids, w,
+                             -5.0, False, 1000) is None
 
 
 class ScriptedRng:

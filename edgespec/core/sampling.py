@@ -70,10 +70,6 @@ def make_rng(seed: int | None) -> np.random.Generator:
 
 #: A candidate set larger than this (a flat row) is not worth cutting: the dense path is used.
 _MAX_CANDIDATES = 8192
-#: Logits further than this many temperatures below the maximum weigh less than
-#: exp(-_NEGLIGIBLE) = 4e-22 of it each: ln(152k) + 37.5 keeps a whole vocabulary's worth of
-#: them below 2**-53 of the total, i.e. below the resolution of a float64 probability.
-_NEGLIGIBLE = 49.5
 
 
 def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None = None) -> AnyDist:
@@ -101,7 +97,7 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     t = params.temperature
     k = params.top_k if 0 < params.top_k < x.size else 0
     if k:
-        ids = _top_candidates(x, k)
+        ids = _top_candidates(x, k)[0]
     elif params.top_p < 1.0:
         return _nucleus(x, top, params, n)
     elif params.min_p > 0.0:
@@ -111,8 +107,9 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     return _filtered(x, top, ids, params, None, n)
 
 
-def _top_candidates(x: np.ndarray, k: int) -> np.ndarray:
-    """Ids of a superset of the k largest logits (all ids tied with the k-th included).
+def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """Ids of a superset of the k largest logits (all ids tied with the k-th included), and a
+    floor every other logit is below (``-inf`` when the ids are the whole row).
 
     The threshold is guessed from a strided sample of the row (its value of rank ~4k + 16 when
     scaled up), then checked: at least k ids at or above it, else the whole row.
@@ -124,8 +121,8 @@ def _top_candidates(x: np.ndarray, k: int) -> np.ndarray:
         guess = np.partition(sample_, sample_.size - rank)[sample_.size - rank]
         ids = np.flatnonzero(x >= guess)
         if ids.size >= k:
-            return ids
-    return np.arange(x.size)
+            return ids, float(guess)
+    return np.arange(x.size), -math.inf
 
 
 def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams,
@@ -167,27 +164,84 @@ _MARGIN = 1e-6
 def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDist:
     """top-p without top-k: the normaliser is the whole row's weight."""
     t = params.temperature
-    close = x >= top - _NEGLIGIBLE * t
-    if np.count_nonzero(close) <= _MAX_CANDIDATES:  # (counted: a wide row's ids are not needed)
-        # what is left out weighs below float64 resolution: the candidates' sum is the total
-        return _filtered(x, top, np.flatnonzero(close), params, None, n)
-    # A wide row: one float32 pass gives every weight and the total.
-    d = _dense(x, top, t, n)
+    minp_ids = None
     if params.min_p > 0.0:
         # min-p keeps a prefix of the same descending order as top-p: the shorter prefix wins,
         # and the min-p bound holds it
-        ids = np.flatnonzero(x >= top + t * (np.log(params.min_p) - 1e-6))
-        return _filtered(x, top, ids, params, d.total, n)
-    cut = params.top_p * d.total * (1 + _MARGIN)
-    ids = _top_candidates(x, _NUCLEUS_GUESS)
-    if ids.size < x.size:
-        with np.errstate(under="ignore"):
-            mass = np.exp((x[ids].astype(np.float64) - top) / t).sum()
-        if mass >= cut:  # the nucleus is a prefix of these candidates
-            return _filtered(x, top, ids, params, d.total, n)
+        minp_ids = np.flatnonzero(x >= top + t * (np.log(params.min_p) - 1e-6))
+        if minp_ids.size <= _MAX_CANDIDATES:
+            floor = top + t * (np.log(params.min_p) - 1e-6)
+            with np.errstate(under="ignore"):
+                w = np.exp((x[minp_ids].astype(np.float64) - top) / t)
+            found = _bounded(x, top, params, minp_ids, w, floor, True, n)
+            if found is not None:
+                return found
+    ids, w = None, None
+    # (with min-p, its support's bound was tried: if it did not decide, the row is flat enough
+    # that a wider candidate set rarely does)
+    if minp_ids is None or minp_ids.size > _MAX_CANDIDATES:
+        ids, floor = _top_candidates(x, _NUCLEUS_GUESS)
+        if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
+            with np.errstate(under="ignore"):
+                w = np.exp((x[ids].astype(np.float64) - top) / t)
+            found = _bounded(x, top, params, ids, w, floor, False, n)
+            if found is not None:
+                return found
+    # The cut depends on the weight outside the candidates: one float32 pass gives every
+    # weight and the total.
+    d = _dense(x, top, t, n)
+    if minp_ids is not None:
+        return _filtered(x, top, minp_ids, params, d.total, n)
+    if w is not None and w.sum() >= params.top_p * d.total * (1 + _MARGIN):
+        return _filtered(x, top, ids, params, d.total, n)  # the nucleus is a prefix of these
     # A flat row: the nucleus holds a large part of the vocabulary, and stays dense (the
     # dropped weights are zeroed).
     return _bracketed(x, d, top, params, n) or _binned(x, d, top, params, n)
+
+
+#: relative rounding margin for a cut judged against float64 sums: the reference's total is a
+#: pairwise sum over the whole row, the candidates' a running one
+_EPS = 1e-12
+
+
+def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
+             w: np.ndarray, floor: float, final: bool, n: int) -> Sparse | None:
+    """The nucleus among the candidates ``ids`` (ascending; float64 weights ``w``), if their
+    weights alone decide it.
+
+    Every other logit is below ``floor``, so the row's total weight lies between the
+    candidates' ``W`` and ``W + (V - |ids|) * exp((floor - top) / T)``. The nucleus keeps a
+    token while the mass before it is below ``top_p`` times the total: if both ends of that
+    range cut the candidates' descending order at the same place, that place is the cut, and
+    no weight outside the candidates is ever computed. ``final``: the candidates are the min-p
+    support, so a nucleus that keeps them all stops there. ``None`` if it is not decided.
+    """
+    outside = x.size - ids.size
+    high = math.inf
+    if outside:
+        with np.errstate(under="ignore", over="ignore"):
+            rest = outside * math.exp(min((floor - top) / params.temperature, 700.0))
+        total = float(w.sum())
+        high = params.top_p * (total + rest) * (1 + _EPS)
+        if high >= total and not final:  # (a flat row: the nucleus may reach past them)
+            return None
+    order = np.lexsort((ids, -w))  # descending weight, ties: lowest id first
+    ws = w[order]
+    cum = np.cumsum(ws)
+    before = cum - ws
+    m = int(np.searchsorted(before, params.top_p * cum[-1] * (1 - _EPS)))
+    if outside and not (final and m == ids.size):
+        # the larger the total, the longer the nucleus: the smallest total gave m, the largest
+        # must give it too (tokens past the candidates come after a mass of W > high: never)
+        if int(np.searchsorted(before, high)) != m:
+            return None
+    keep = np.sort(order[:m])
+    ids, w = ids[keep], w[keep]
+    cut = w > 0.0
+    if params.min_p > 0.0:
+        cut &= w >= params.min_p * w.max()
+    ids, w = ids[cut], w[cut]
+    return Sparse(ids, w / w.sum(), n)
 
 
 #: the flat-row search estimates the cut from a strided sample of this many weights, and
@@ -216,10 +270,11 @@ def _bracketed(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
     above = w > hi
     kept = w * above  # (masked sums and stores are several times slower than products)
     mass_above = float(block_sums(kept).sum())
-    band = np.flatnonzero((w[: x.size] >= lo) & ~above[: x.size])
+    from_lo = w >= lo
+    band = np.flatnonzero(from_lo[: x.size] ^ above[: x.size])
     if not (mass_above < goal <= mass_above + float(w[band].sum(dtype=np.float64))):
         return None
-    np.multiply(w, w >= lo, out=w)  # below the band: dropped
+    np.multiply(w, from_lo, out=w)  # below the band: dropped
     return _cut_band(x, d, top, params, band, mass_above, n)
 
 
