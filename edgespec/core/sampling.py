@@ -125,13 +125,19 @@ def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     return np.arange(x.size), -math.inf
 
 
+def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float) -> np.ndarray:
+    """float64 weights exp((x - top) / T) of the logits at ``ids``."""
+    with np.errstate(under="ignore"):
+        return np.exp((x[ids].astype(np.float64) - top) / t)
+
+
 def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams,
-              total: float | None, n: int) -> AnyDist:
+              total: float | None, n: int, w: np.ndarray | None = None) -> AnyDist:
     """Apply top-k, top-p and min-p to the candidates ``ids`` (ascending, a superset of every
     token the filters can keep); ``total``: the weight of the whole row when top-p needs it
-    and top-k does not bound the set first."""
-    with np.errstate(under="ignore"):
-        w = np.exp((x[ids].astype(np.float64) - top) / params.temperature)
+    and top-k does not bound the set first; ``w``: the candidates' weights, if known."""
+    if w is None:
+        w = _weights(x, ids, top, params.temperature)
     if params.top_k and params.top_k < ids.size or params.top_p < 1.0:
         order = np.lexsort((ids, -w))  # descending weight, ties: lowest id first
         if params.top_k and params.top_k < ids.size:
@@ -164,26 +170,24 @@ _MARGIN = 1e-6
 def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDist:
     """top-p without top-k: the normaliser is the whole row's weight."""
     t = params.temperature
+    ids, w = None, None  # candidates whose weights were computed, if any
     minp_ids = None
     if params.min_p > 0.0:
         # min-p keeps a prefix of the same descending order as top-p: the shorter prefix wins,
         # and the min-p bound holds it
-        minp_ids = np.flatnonzero(x >= top + t * (np.log(params.min_p) - 1e-6))
+        floor = top + t * (np.log(params.min_p) - 1e-6)
+        minp_ids = np.flatnonzero(x >= floor)
         if minp_ids.size <= _MAX_CANDIDATES:
-            floor = top + t * (np.log(params.min_p) - 1e-6)
-            with np.errstate(under="ignore"):
-                w = np.exp((x[minp_ids].astype(np.float64) - top) / t)
-            found = _bounded(x, top, params, minp_ids, w, floor, True, n)
+            ids, w = minp_ids, _weights(x, minp_ids, top, t)
+            found = _bounded(x, top, params, ids, w, floor, True, n)
             if found is not None:
                 return found
-    ids, w = None, None
     # (with min-p, its support's bound was tried: if it did not decide, the row is flat enough
     # that a wider candidate set rarely does)
     if minp_ids is None or minp_ids.size > _MAX_CANDIDATES:
         ids, floor = _top_candidates(x, _NUCLEUS_GUESS)
         if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
-            with np.errstate(under="ignore"):
-                w = np.exp((x[ids].astype(np.float64) - top) / t)
+            w = _weights(x, ids, top, t)
             found = _bounded(x, top, params, ids, w, floor, False, n)
             if found is not None:
                 return found
@@ -191,9 +195,10 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
     # weight and the total.
     d = _dense(x, top, t, n)
     if minp_ids is not None:
-        return _filtered(x, top, minp_ids, params, d.total, n)
+        return _filtered(x, top, minp_ids, params, d.total, n, w if ids is minp_ids else None)
     if w is not None and w.sum() >= params.top_p * d.total * (1 + _MARGIN):
-        return _filtered(x, top, ids, params, d.total, n)  # the nucleus is a prefix of these
+        # the nucleus is a prefix of these
+        return _filtered(x, top, ids, params, d.total, n, w)
     # A flat row: the nucleus holds a large part of the vocabulary, and stays dense (the
     # dropped weights are zeroed).
     return _bracketed(x, d, top, params, n) or _binned(x, d, top, params, n)
@@ -217,7 +222,6 @@ def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
     support, so a nucleus that keeps them all stops there. ``None`` if it is not decided.
     """
     outside = x.size - ids.size
-    high = math.inf
     if outside:
         with np.errstate(under="ignore", over="ignore"):
             rest = outside * math.exp(min((floor - top) / params.temperature, 700.0))
@@ -296,8 +300,7 @@ def _cut_band(x: np.ndarray, d: Dense, top: float, params: SamplingParams, band:
               mass_above: float, n: int) -> Dense:
     """Keep the band's tokens, in descending order (ties: lowest id), while the mass before
     them is short of top_p; zero the rest of the band."""
-    with np.errstate(under="ignore"):
-        wb = np.exp((x[band].astype(np.float64) - top) / params.temperature)
+    wb = _weights(x, band, top, params.temperature)
     order = np.lexsort((band, -wb))
     ws = d.w[band[order]].astype(np.float64)
     before = mass_above + np.cumsum(ws) - ws
