@@ -12,6 +12,9 @@ AUTO_MAX_DRAFT_LENGTH = 32  #: the longest draft ``auto`` considers
 #: t(n) points measured at start-up, most useful first, within the time budget
 CALIBRATION_POINTS = (1, 4, 16, 32, 8)
 CALIBRATION_BUDGET_S = 0.4
+#: passes over CALIBRATION_POINTS, each point their median, as far as the budget goes (on a
+#: 2-core CPU the first pass spends it; on a GPU every point gets them all)
+CALIBRATION_REPEATS = 5
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_TOKENS = 512
@@ -21,6 +24,10 @@ DEFAULT_TEMPERATURE = 0.0
 DEFAULT_TOP_K = 0
 DEFAULT_TOP_P = 1.0
 DEFAULT_MIN_P = 0.0
+
+#: Widest --fixed-width: a round of the longest draft fits one call (llama.cpp's backend sampler
+#: picks from at most MAX_SAMPLED_ROWS rows per call).
+MAX_FIXED_WIDTH = 64
 
 #: Hard ceiling on draft length: beyond this the exact test's acceptance
 #: probability for the tail is negligible and the batch only costs time.

@@ -8,8 +8,7 @@ from edgespec.core.sampling import SamplingParams
 GREEDY = SamplingParams(temperature=0)
 first_divergence = verify.first_divergence
 
-#: The fast kernels' measured batch-shape noise in logits (edgespec.bench.verify documents it).
-FAST_KERNEL_NOISE = verify.FAST_KERNEL_NOISE
+batch_noise = verify.batch_noise
 
 
 def ids(completion) -> list[int]:

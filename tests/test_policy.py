@@ -152,3 +152,46 @@ def test_auto_corrects_a_pessimistic_calibration_by_probing():
     # than it is): long drafts every round by the end.
     assert min(drafted[-50:]) >= 6
     assert policy.curve(4) == pytest.approx(true_cost, rel=0.01)
+
+
+def test_a_fixed_width_curve_is_a_staircase_of_one_price():
+    # Measured points of a W = 4 target: calls of 1 and 4 tokens cost one call, 8 tokens two.
+    t = CostCurve({1: 0.0030, 4: 0.0028, 8: 0.0058}, width=4)
+    assert t.points == {4: pytest.approx(0.0029)}  # the median price per call
+    assert t(1) == t(4) == pytest.approx(0.0029)
+    assert t(5) == t(8) == pytest.approx(2 * 0.0029) and t(9) == pytest.approx(3 * 0.0029)
+    t.observe(8, 2 * 0.0039)  # a two-call round at 3.9 ms a call: blended as one price
+    # three calibration points count as three observations: the fourth weighs 1/4
+    assert t(1) == pytest.approx(0.0029 + 0.25 * 0.001)
+
+
+def test_at_a_fixed_width_auto_drafts_to_fill_the_calls():
+    # Every call up to W = 8 costs the same, so a near-sure lookup draft fills its calls
+    # (k + 1 a multiple of 8) and never spills into a part-used call.
+    policy = Policy(CostCurve({8: 0.0028}, width=8), CostEstimate(0.0005))
+    for _ in range(30):
+        policy.lookup_estimate(4).update(8, False)
+    choice = policy.choose(32, lookup_len=32, lookup_ngram=4)
+    assert choice.source == "lookup" and choice.k >= 7 and (choice.k + 1) % 8 == 0
+
+
+class _Clocked(FakeLM):
+    """A fake whose decode of n tokens records its n (to see the measuring order)."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.widths: list[int] = []
+
+    def decode(self, tokens, n_logits):
+        self.widths.append(len(tokens)) if n_logits else None
+        return super().decode(tokens, n_logits)
+
+
+def test_calibration_repeats_interleave_the_points_and_stop_at_the_budget():
+    lm = _Clocked(Table(50, seed=1), n_ctx=64)
+    curve = measure_target_curve(lm, (1, 4, 2), repeats=3, budget_s=10.0)
+    assert set(curve) == {1, 4, 2}
+    assert lm.widths == [1] + [1, 4, 2] * 3  # a warm-up, then three passes in the given order
+    lm = _Clocked(Table(50, seed=1), n_ctx=64)
+    measure_target_curve(lm, (1, 4, 2), repeats=3, budget_s=0.0)
+    assert lm.widths == [1, 1]  # the budget spent: the first point only, measured once

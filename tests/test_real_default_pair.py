@@ -20,7 +20,7 @@ from edgespec.errors import IncompatibleDraftError
 from edgespec.runtime.backend import consistent_build
 from edgespec.runtime.engine import Costs, Engine
 
-from .real_util import FAST_KERNEL_NOISE, GREEDY, first_divergence, ids, top2_gap
+from .real_util import GREEDY, batch_noise, first_divergence, ids, top2_gap
 from .stats_util import ALPHA, chi2_pvalue
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -147,10 +147,13 @@ def test_fast_kernels_diverge_only_at_near_ties(default_engine):
         plain = fast.complete(PROMPTS["prose"], max_tokens=N_TOKENS, drafter="none", sampling=GREEDY)
         spec = fast.complete(PROMPTS["prose"], max_tokens=N_TOKENS, drafter="hybrid", sampling=GREEDY)
         i = first_divergence(ids(spec), ids(plain))
+        prompt = fast.prompt_tokens(PROMPTS["prose"])
+        # what verify measures: each logit may move by the noise, so a gap of twice it may flip
+        noise = batch_noise(fast.target, prompt, ids(plain)[:16])
+        assert noise > 0  # (measured 0.3-0.5: these kernels really are batch-dependent)
         if i is not None:
-            context = fast.prompt_tokens(PROMPTS["prose"]) + ids(plain)[:i]
-            gap = top2_gap(fast, context)
-            assert gap < FAST_KERNEL_NOISE, f"divergence at token {i} with top-2 gap {gap:.3f}"
+            gap = top2_gap(fast, prompt + ids(plain)[:i])
+            assert gap <= 2 * noise, f"divergence at token {i} with top-2 gap {gap:.3f}"
 
 
 def test_incompatible_draft_is_refused_before_generating():

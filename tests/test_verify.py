@@ -154,3 +154,76 @@ def test_verify_command_on_the_default_pair():
     # Fixed drafters really drafted (and had drafts rejected) in the sampling audit.
     fixed = [r for r in out["sampling"] if r["drafter"] != "auto"]
     assert all(0 < r["accepted"] < r["drafted"] for r in fixed)
+
+
+# ---- kernel modes: what a divergence may be excused by ----------------------------------------
+
+class _WidthNoisy:
+    """Wraps a fake target so that rows scored in a call of 2+ tokens move by ``shift`` on
+    token 0's logit: batch-dependent kernels in miniature."""
+
+    kernels = "batch-dependent"
+
+    def __init__(self, lm, shift: float) -> None:
+        self.lm, self.shift = lm, shift
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def decode(self, tokens, n_logits):
+        out = self.lm.decode(tokens, n_logits).copy()
+        if len(tokens) > 1:
+            out[:, 0] += self.shift
+        return out
+
+
+def test_batch_noise_measures_how_far_a_batch_moves_a_logit():
+    from edgespec.bench.verify import batch_noise
+
+    from .fakes import FakeLM, Table
+
+    exact = FakeLM(Table(16, seed=3), n_ctx=64)
+    assert batch_noise(exact, [1, 2, 3], [4, 5, 6, 7, 8]) == 0.0
+    noisy = _WidthNoisy(FakeLM(Table(16, seed=3), n_ctx=64), 0.25)
+    assert batch_noise(noisy, [1, 2, 3], [4, 5, 6, 7, 8]) == pytest.approx(0.25)
+    assert batch_noise(noisy, [1, 2, 3], [4]) == 0.0  # one token: no batch to compare
+
+
+def test_only_the_batch_dependent_mode_measures_a_tolerance():
+    from edgespec.runtime.engine import Engine
+
+    from .fakes import pair
+
+    for shift, mode in ((0.0, "exact-pieces"), (0.125, "batch-dependent")):
+        target, draft = pair(16, seed=2)
+        target = _WidthNoisy(target, shift)
+        target.kernels = mode
+        engine = Engine(target, draft, drafter="model", draft_length=3)
+        res = verify_greedy(engine, [("p", "abcabc", False)], ["model"], 12)
+        assert res[0].tolerance == (None if shift == 0 else pytest.approx(2 * shift))
+
+
+def _report(mode: str, results) -> str:
+    from edgespec.cli.verify import format_report
+
+    header = {"target": "t.gguf", "draft": "d.gguf", "kernels": f"<{mode}>", "kernel_mode": mode}
+    return format_report(header, results, [], 32)
+
+
+def test_the_report_names_the_mode_and_excuses_only_measured_near_ties():
+    from edgespec.bench.verify import GreedyResult
+
+    exact = GreedyResult("p", "lookup", 32, False, divergence=5, gap=0.01)
+    text = _report("exact-fixed-width", [exact])
+    assert "kernels: <exact-fixed-width>" in text and "any difference is a bug" in text
+    assert "gap 0.010: a bug (exact kernels)" in text and "verdict: FAIL" in text
+
+    flip = GreedyResult("p", "lookup", 32, False, divergence=5, gap=0.3, tolerance=0.5,
+                        near_tie=True)
+    far = GreedyResult("q", "lookup", 32, False, divergence=9, gap=0.7, tolerance=0.5)
+    text = _report("batch-dependent", [flip, far])
+    assert "moved a logit by up to 0.2500 on this device" in text
+    assert "at most 0.5000 (twice that)" in text
+    assert "gap 0.300: near-tie flip (within the measured batch-shape noise)" in text
+    assert "gap 0.700: above 0.5000, outside the measured noise: a bug" in text
+    assert "verdict: FAIL" in text

@@ -87,6 +87,12 @@ def model_options(func):
                      help="Use llama.cpp's fastest CPU kernels even though their logits depend on "
                           "batch size (greedy output may then differ from plain decoding at "
                           "near-ties)."),
+        click.option("--fixed-width", type=click.IntRange(0, config.MAX_FIXED_WIDTH), default=0,
+                     metavar="W",
+                     help="Make every target call that reads logits exactly W tokens wide (pads "
+                          "removed after it): greedy speculation then equals plain decoding bit for "
+                          "bit on a GPU too, where kernels depend on batch width; each plain step "
+                          "costs a W-wide call. 0 = off [default: 0]."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     for option in reversed(options):
@@ -134,6 +140,7 @@ def load_engine(opts: dict, *, progress: bool = True):
         n_threads=opts["threads"],
         n_ctx=opts["n_ctx"],
         batch_consistent=not opts["fast_kernels"],
+        fixed_width=opts["fixed_width"],
         progress=progress,
     )
 

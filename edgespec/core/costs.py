@@ -56,26 +56,27 @@ def measure_target_curve(
     """Seconds per target call scoring n tokens (n logit rows), after ``context`` cached tokens.
 
     One warm-up call first (the first call after loading pays page faults; it is not counted in
-    the budget). The median of ``repeats`` calls per n, measured in the order given. With
-    ``budget_s``, stops once the budget is spent (the first n is always measured): list the
-    points that matter most first. Leaves the cache holding filler tokens: callers
-    ``sync`` to their own text afterwards, as the loop always does.
+    the budget). Then passes over ``ns`` in the order given, up to ``repeats`` of them, each point
+    the median of its samples: interleaved passes spread a noisy moment (a GPU's clock ramping,
+    another process) over all points instead of skewing one. With ``budget_s``, stops once the
+    budget is spent (the first n is always measured): list the points that matter most first.
+    On a small CPU one pass spends the budget; on a GPU, where a call takes milliseconds, every
+    point gets its ``repeats`` samples. Leaves the cache holding filler tokens: callers ``sync``
+    to their own text afterwards, as the loop always does.
     """
     ns = [n for n in dict.fromkeys(ns) if n >= 1]
     context = max(0, min(context, target.n_ctx - max(ns, default=1)))
+    ns = [n for n in ns if context + n <= target.n_ctx]
     prefix = _filler(target, context)
     _timed_decode(target, prefix, _filler(target, 1), 1)
     start = time.perf_counter()
-    curve: dict[int, float] = {}
-    for n in ns:
-        if context + n > target.n_ctx:
-            continue
-        batch = _filler(target, n)
-        samples = [_timed_decode(target, prefix, batch, n) for _ in range(repeats)]
-        curve[n] = float(np.median(samples))
-        if budget_s is not None and time.perf_counter() - start > budget_s:
-            break
-    return curve
+    samples: dict[int, list[float]] = {}
+    for _ in range(max(1, repeats)):
+        for n in ns:
+            samples.setdefault(n, []).append(_timed_decode(target, prefix, _filler(target, n), n))
+            if budget_s is not None and time.perf_counter() - start > budget_s:
+                return {n: float(np.median(v)) for n, v in samples.items()}
+    return {n: float(np.median(v)) for n, v in samples.items()}
 
 
 def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32) -> float:
@@ -100,20 +101,32 @@ class CostCurve:
     """Measured t(n) points, piecewise-linear in between, refined by online observations.
 
     Beyond the largest measured n the last segment's slope is extended (a GPU's flat curve
-    stays flat, a CPU's linear one stays linear).
+    stays flat, a CPU's linear one stays linear). With ``width`` (a target at a fixed width,
+    every call that many tokens wide) t is a staircase instead: n tokens take ceil(n / width)
+    calls of one price, kept as the single point ``width``.
     """
 
     points: dict[int, float] = field(default_factory=dict)
     #: observations behind each point (a calibration measurement counts as one)
     counts: dict[int, int] = field(default_factory=dict)
+    width: int = 0
 
     def __post_init__(self) -> None:
         if not self.points:
             raise ValueError("a cost curve needs at least one measured point")
         self.points = {int(n): float(t) for n, t in self.points.items()}
         self.counts = {n: int(self.counts.get(n, 1)) for n in self.points}
+        if self.width:
+            per_call = [t / self._calls(n) for n, t in self.points.items()]
+            self.points = {self.width: float(np.median(per_call))}
+            self.counts = {self.width: len(per_call)}
+
+    def _calls(self, n: int) -> int:
+        return -(-n // self.width)
 
     def __call__(self, n: int) -> float:
+        if self.width:
+            return self._calls(max(n, 1)) * self.points[self.width]
         ns = sorted(self.points)
         if n in self.points:
             return self.points[n]
@@ -133,6 +146,8 @@ class CostCurve:
         """Blend in the time a real call of n tokens took: a plain mean over the first few
         observations (one noisy calibration sample must not outweigh real rounds), then a
         running average that follows the machine's load."""
+        if self.width:
+            n, seconds = self.width, seconds / self._calls(max(n, 1))
         if n in self.points:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])

@@ -17,6 +17,14 @@ get slightly different logits, and a near-tie can flip. ``ModelOptions(batch_con
 ``CONSISTENT_BATCH`` tokens, which go through the single-token kernels; :func:`system_info`
 reports whether the llama.cpp build has llamafile's sgemm compiled in (edgespec's setup builds it
 without). See README, "Exactness".
+
+On a GPU the pieces would not help (CUDA picks its kernels by batch width at every width) and
+would cost the batch scoring speculation lives on. There ``ModelOptions(fixed_width=W)`` makes
+every decode call that reads logits exactly W tokens wide: the real tokens, then throw-away
+copies at later positions of the same sequence (causally masked out of the real rows), logits for
+all W rows (the output projection's kernel follows the number of output rows too), and the pads
+removed from the KV cache afterwards. Every call then has one shape, so a token's logits do not
+depend on how many real tokens shared its call. :attr:`LlamaBackend.kernels` names the mode.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import numpy as np
 
 from ..core.lookup import common_prefix
 from ..errors import ConfigError, ContextOverflowError, IncompatibleDraftError, ModelError
+from .kernels import BATCH_DEPENDENT, EXACT_FIXED_WIDTH, EXACT_PIECES
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
@@ -207,6 +216,10 @@ class ModelOptions:
     #: greedy picks (:meth:`LlamaBackend.decode_argmax`) run in llama.cpp's graph, on the
     #: device holding the output layer, and a greedy row's logits never reach the host
     backend_sampling: bool = True
+    #: every decode call that reads logits is exactly this many tokens wide (pads removed after
+    #: it): batch-consistent logits on any device, at the cost of a W-wide call per plain step.
+    #: 0 = off (the CPU pieces when ``batch_consistent``, else batch-dependent)
+    fixed_width: int = 0
 
 
 def parse_tensor_split(text: str | Sequence[float] | None) -> tuple[float, ...]:
@@ -286,6 +299,10 @@ class LlamaBackend:
     def __init__(self, options: ModelOptions) -> None:
         self.options = options
         path = Path(options.path)
+        width = options.fixed_width
+        if not 0 <= width <= min(options.n_batch, MAX_SAMPLED_ROWS):
+            raise ConfigError(f"fixed width must be 0 (off) to {min(options.n_batch, MAX_SAMPLED_ROWS)} "
+                              f"tokens, got {width}")
         check_gguf_file(path)
         _take_log_lines()  # drop stale lines
         mparams = llama_cpp.llama_model_default_params()
@@ -313,7 +330,8 @@ class LlamaBackend:
         self.placement: dict[str, float] = model_buffers(_take_log_lines())
 
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = options.n_ctx
+        # room for a full context's last call and its pads: the pads never cost the user context
+        cparams.n_ctx = options.n_ctx + max(width - 1, 0)
         cparams.n_batch = options.n_batch
         cparams.n_ubatch = options.n_batch
         cparams.n_seq_max = 1
@@ -344,7 +362,7 @@ class LlamaBackend:
         np.ctypeslib.as_array(self._batch.n_seq_id, shape=(nb,))[:] = 1
         for j in range(nb):
             self._batch.seq_id[j][0] = 0
-        self._positions = np.arange(options.n_ctx + nb, dtype=np.int32)
+        self._positions = np.arange(options.n_ctx + nb + width, dtype=np.int32)
         self._view: np.ndarray | None = None
         self._view_key: tuple[int, int] | None = None
         self._gather: np.ndarray | None = None
@@ -352,7 +370,8 @@ class LlamaBackend:
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
         # llama.cpp may pad the context and clamp the batch to it: use what it really has,
         # but never more context than was asked for.
-        self.n_ctx: int = min(options.n_ctx, llama_cpp.llama_n_ctx(self._ctx.ctx))
+        self.n_ctx: int = min(options.n_ctx,
+                              llama_cpp.llama_n_ctx(self._ctx.ctx) - max(width - 1, 0))
         self._n_batch: int = min(llama_cpp.llama_n_batch(self._ctx.ctx),
                                  llama_cpp.llama_n_ubatch(self._ctx.ctx))
         #: token ids held by the KV cache, position i holds tokens[i]
@@ -363,7 +382,9 @@ class LlamaBackend:
         # On RPC workers the pieces stay: a worker serving its CPU runs the same ggml-cpu
         # kernels as here (a GPU worker is batch-dependent anyway: --fast-kernels).
         on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported() and not options.rpc
-        self._pieces = options.batch_consistent and not on_gpu
+        #: width of every logit-reading decode call (0: as many tokens as the call has)
+        self.fixed_width: int = width
+        self._pieces = options.batch_consistent and not on_gpu and not width
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
         self.path = path
@@ -378,6 +399,15 @@ class LlamaBackend:
             from .rpc import Watchdog
 
             self._watchdog = Watchdog(options.rpc, options.rpc_timeout)
+
+    @property
+    def kernels(self) -> str:
+        """How this model's logits relate to batch shape (:mod:`edgespec.runtime.kernels`):
+        ``EXACT_PIECES`` (CPU kernels, pieces of CONSISTENT_BATCH), ``EXACT_FIXED_WIDTH`` (every
+        logit-reading call ``fixed_width`` wide) or ``BATCH_DEPENDENT``."""
+        if self.fixed_width:
+            return EXACT_FIXED_WIDTH
+        return EXACT_PIECES if self._pieces else BATCH_DEPENDENT
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -472,11 +502,12 @@ class LlamaBackend:
                 f"{start + len(tokens)} tokens do not fit in the context of {self.n_ctx}"
             )
         first_logit = len(tokens) - n_logits
+        width = self.fixed_width
         spans = self._chunks(len(tokens), first_logit)
         if argmax:
             out = np.empty(n_logits, np.int32)
             single = False
-            if not self._pieces:
+            if not self._pieces and not width:
                 spans = self._chunks(len(tokens), first_logit, MAX_SAMPLED_ROWS)
         else:
             # one llama_decode call produces every row: hand out llama.cpp's buffer; otherwise
@@ -486,13 +517,22 @@ class LlamaBackend:
         try:
             for c0, c1 in spans:
                 m = c1 - c0
+                reads = c1 > first_logit
+                skip = max(0, first_logit - c0)  # leading rows of this call whose logits are not read
                 self._b_token[:m] = tokens[c0:c1]
-                self._b_pos[:m] = self._positions[start + c0:start + c1]
                 wanted = self._b_logits[:m]
                 wanted[:] = 0
-                if c1 > first_logit:
-                    wanted[max(0, first_logit - c0):] = 1
-                self._batch.n_tokens = m
+                if reads:
+                    wanted[skip:] = 1
+                n = m
+                padded = reads and width
+                if padded:
+                    # pads: copies of the last token at the next positions; every row an output
+                    n = width
+                    self._b_token[m:n] = self._b_token[m - 1]
+                    self._b_logits[:n] = 1
+                self._b_pos[:n] = self._positions[start + c0:start + c0 + n]
+                self._batch.n_tokens = n
                 t0 = time.perf_counter()
                 watchdog = self._watchdog
                 if watchdog is not None:
@@ -506,14 +546,18 @@ class LlamaBackend:
                 self.decode_seconds += time.perf_counter() - t0
                 if rc != 0:
                     raise ModelError(f"llama_decode failed with code {rc}")
+                if n > m and not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, start + c1, -1):
+                    raise ModelError("this model's cache cannot drop tokens (a recurrent model?): "
+                                     "it cannot run at a fixed width")
                 self.tokens.extend(tokens[c0:c1])
-                rows = c1 - max(c0, first_logit)
-                if rows > 0:
+                if reads:
                     lo = max(c0, first_logit) - first_logit
+                    rows = m - skip
+                    first = skip if padded else 0  # output index of the first row read
                     if argmax:
-                        self._sampled_ids(out[lo:lo + rows])
+                        self._sampled_ids(out[lo:lo + rows], first)
                         continue
-                    got = self._logits_view(rows)
+                    got = self._logits_view(n if padded else rows)[first:first + rows]
                     if single:
                         out = got
                     else:
@@ -528,11 +572,11 @@ class LlamaBackend:
         out.flags.writeable = False
         return out
 
-    def _sampled_ids(self, out: np.ndarray) -> None:
-        """The backend sampler's picks for the last call's outputs, into ``out``."""
+    def _sampled_ids(self, out: np.ndarray, first: int = 0) -> None:
+        """The backend sampler's picks for the last call's outputs from ``first`` on, into ``out``."""
         ctx = self._ctx.ctx
         for j in range(out.size):
-            token = llama_cpp.llama_get_sampled_token_ith(ctx, j)
+            token = llama_cpp.llama_get_sampled_token_ith(ctx, first + j)
             if token < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
                 raise ModelError("llama.cpp's backend sampler returned no token")
             out[j] = token
@@ -556,11 +600,13 @@ class LlamaBackend:
     def _chunks(self, n: int, first_logit: int, rows: int | None = None) -> list[tuple[int, int]]:
         """Split a decode into llama_decode calls: tokens without logits (prefill) in batches of
         n_batch; tokens whose logits are read, in batch-consistent mode, in batches small enough
-        that every one of them goes through the same matmul kernels as a single token (or, if
-        given, of at most ``rows``)."""
+        that every one of them goes through the same matmul kernels as a single token, or at a
+        fixed width, of that width (or, if given, of at most ``rows``)."""
         step = self._n_batch
         spans = [(c, min(c + step, first_logit)) for c in range(0, first_logit, step)]
-        if self._pieces:
+        if self.fixed_width:
+            step = self.fixed_width
+        elif self._pieces:
             step = min(CONSISTENT_BATCH[self.options.repack], step)
         elif rows is not None:
             step = min(rows, step)

@@ -214,6 +214,7 @@ class Engine:
         n_ctx: int = config.DEFAULT_N_CTX,
         n_batch: int = config.DEFAULT_N_BATCH,
         batch_consistent: bool = True,
+        fixed_width: int = 0,
         download: bool = True,
         progress: bool = True,
     ) -> "Engine":
@@ -238,7 +239,9 @@ class Engine:
         A call to the workers that outlives ``rpc_timeout``
         seconds, a worker that dies or answers nonsense, ends the process with one ``error:``
         line (ggml cannot recover from it). ``batch_consistent`` makes the
-        target's logits independent of how many tokens are scored per call (see README).
+        target's logits independent of how many tokens are scored per call on the CPU;
+        ``fixed_width`` (tokens, 0 = off) does so on any device by making every target call
+        that reads logits that wide (see README, Exactness).
         ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
         DEFAULT_DRAFT_LENGTH). With drafter ``auto`` the costs are measured right after loading
         (:meth:`calibrate`).
@@ -275,16 +278,17 @@ class Engine:
         if draft is not None and drafter in MODEL_DRAFTERS:  # fetched before anything loads
             draft_path = resolve_model(str(draft), download=download, progress=progress)
 
-        def options(path: Path, ngl: int, consistent: bool, workers: tuple[str, ...],
+        def options(path: Path, ngl: int, consistent: bool, width: int, workers: tuple[str, ...],
                     split: tuple[float, ...] = ()) -> ModelOptions:
             # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
             # allocates plain buffers): the pieces then follow the plain kernels (7 rows).
             return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx,
                                 n_batch=n_batch, batch_consistent=consistent, rpc=workers,
-                                rpc_timeout=rpc_timeout, repack=not workers, tensor_split=split)
+                                rpc_timeout=rpc_timeout, repack=not workers, tensor_split=split,
+                                fixed_width=width)
 
-        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent, target_rpc,
-                                         split))
+        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent, fixed_width,
+                                         target_rpc, split))
         draft_be = None
         choice = None
         try:
@@ -297,7 +301,8 @@ class Engine:
                 # is the target's own file keeps the target's settings, so that q == p exactly.
                 same_file = draft_path.resolve() == target_path.resolve()
                 draft_be = LlamaBackend(options(draft_path, draft_n_gpu_layers,
-                                                batch_consistent and same_file, drafts_rpc))
+                                                batch_consistent and same_file,
+                                                fixed_width if same_file else 0, drafts_rpc))
                 try:
                     check_compatible(target_be, draft_be)
                 except IncompatibleDraftError as err:
@@ -329,10 +334,14 @@ class Engine:
             return self.costs
         with self._exclusive():
             start = time.perf_counter()
-            curve = measure_target_curve(self.target, config.CALIBRATION_POINTS,
+            # at a fixed width every call up to that width costs the same: one price to measure
+            width = getattr(self.target, "fixed_width", 0)
+            points = (width,) if width else config.CALIBRATION_POINTS
+            curve = measure_target_curve(self.target, points, repeats=config.CALIBRATION_REPEATS,
                                          budget_s=config.CALIBRATION_BUDGET_S)
             draft_cost = measure_draft_cost(self.draft, n=3) if self.draft is not None else None
-            self.costs = Costs(CostCurve(curve), draft_cost, time.perf_counter() - start)
+            self.costs = Costs(CostCurve(curve, width=width), draft_cost,
+                               time.perf_counter() - start)
         return self.costs
 
     def _policy(self) -> Policy:
