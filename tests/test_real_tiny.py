@@ -163,6 +163,39 @@ def test_llama_library_is_loaded_before_numpy(numpy_first):
     assert generated == "4"
 
 
+def test_numpy_first_still_gives_one_llama_cpp_bound_only_to_itself(tmp_path):
+    """The structure the CUDA load crash (issue 11) may hinge on, checked on the CPU: with NumPy
+    imported first, every llama.cpp library is mapped from one file only (the wheel's
+    ``libggml.so`` beside ``libggml.so.0`` would be a second ggml with its own backend
+    registry), and no symbol of llama.cpp's libraries resolves into NumPy's files."""
+    from edgespec.models.resolve import resolve_model
+
+    code = ("import sys, numpy, edgespec\n"
+            "from edgespec import Engine, SamplingParams\n"
+            "from edgespec.runtime import rpc\n"
+            "rpc.local_devices()\n"  # edgespec's own ctypes route to ggml
+            "with Engine.load(target=sys.argv[1], drafter='none', progress=False) as e:\n"
+            "    e.complete('Hi', max_tokens=2, sampling=SamplingParams(temperature=0))\n"
+            "print(open('/proc/self/maps').read())\n")
+    path = str(resolve_model("smollm2-135m-instruct-q4_1"))
+    env = dict(os.environ, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(tmp_path / "ld"))
+    res = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    files: dict[str, set[str]] = {}
+    for line in res.stdout.splitlines():
+        name = line.rsplit("/", 1)[-1] if "/llama_cpp/lib/" in line else ""
+        if name.startswith(("libllama", "libggml", "libmtmd")):
+            files.setdefault(name.split(".so")[0], set()).add(name)
+    assert {"libllama", "libggml", "libggml-base", "libggml-cpu"} <= set(files)
+    assert all(len(names) == 1 for names in files.values()), files
+    (log,) = tmp_path.glob("ld.*")
+    crossing = [ln for ln in log.read_text(errors="replace").splitlines()
+                if "binding file" in ln and "/llama_cpp/lib/" in ln.split(" to ")[0]
+                and "numpy" in ln.split(" to ")[-1]]
+    assert not crossing, crossing[:5]
+
+
 def test_backend_picks_equal_the_argmax_of_the_rows(tiny_engine):
     # decode_argmax (llama.cpp's greedy sampler in the graph) against NumPy's argmax of the
     # rows of the same batch, switching between the two modes both ways: 7 rows span three
