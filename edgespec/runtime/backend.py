@@ -341,7 +341,9 @@ class LlamaBackend:
         if options.backend_sampling and hasattr(cparams, "n_outputs_max_per_seq"):
             # a verification batch's rows are all sampled in the graph (default: one per call)
             cparams.n_outputs_max_per_seq = MAX_SAMPLED_ROWS
-        if options.batch_consistent:
+        if options.batch_consistent and not width:
+            # (at a fixed width no call has one query row, and flash attention's kernels then
+            # give the same rows for every k: it stays at llama.cpp's default, on where it runs)
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         try:
             with interrupts_deferred():
