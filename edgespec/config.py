@@ -15,6 +15,8 @@ CALIBRATION_BUDGET_S = 0.4
 #: passes over CALIBRATION_POINTS, each point their median, as far as the budget goes (on a
 #: 2-core CPU the first pass spends it; on a GPU every point gets them all)
 CALIBRATION_REPEATS = 5
+#: the draft model's per-token cost: repeated runs of 3 tokens while they fit (one on a small CPU)
+DRAFT_CALIBRATION_BUDGET_S = 0.05
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_TOKENS = 512

@@ -195,3 +195,14 @@ def test_calibration_repeats_interleave_the_points_and_stop_at_the_budget():
     lm = _Clocked(Table(50, seed=1), n_ctx=64)
     measure_target_curve(lm, (1, 4, 2), repeats=3, budget_s=0.0)
     assert lm.widths == [1, 1]  # the budget spent: the first point only, measured once
+
+
+def test_the_draft_cost_is_a_median_of_the_runs_that_fit_the_budget():
+    from edgespec.core.costs import measure_draft_cost
+
+    lm = _Clocked(Table(50, seed=1), n_ctx=64)
+    assert measure_draft_cost(lm, n=3, repeats=4, budget_s=10.0) > 0
+    assert lm.widths == [1] * (1 + 4 * 3)  # a warm-up, then four runs of three tokens
+    lm = _Clocked(Table(50, seed=1), n_ctx=64)
+    measure_draft_cost(lm, n=3, repeats=4, budget_s=0.0)
+    assert lm.widths == [1] * (1 + 3)  # no room for a second run

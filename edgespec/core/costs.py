@@ -79,20 +79,25 @@ def measure_target_curve(
     return {n: float(np.median(v)) for n, v in samples.items()}
 
 
-def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32) -> float:
+def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32,
+                       budget_s: float | None = None) -> float:
     """Seconds per drafted token: n single-token decodes with one logit row each, as a drafter
-    makes them (after a warm-up call)."""
+    makes them (after a warm-up call); the median of up to ``repeats`` such runs, each run only
+    if it fits in what is left of ``budget_s`` (the first always runs)."""
     context = max(0, min(context, draft.n_ctx - n - 1))
     prefix = _filler(draft, context)
     filler = _filler(draft, n)
     _timed_decode(draft, prefix, filler[:1], 1)
     samples = []
-    for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(max(1, repeats)):
         draft.sync(prefix)
         t0 = time.perf_counter()
         for tok in filler:
             draft.decode([tok], 1)
         samples.append((time.perf_counter() - t0) / n)
+        if budget_s is not None and time.perf_counter() - start + samples[-1] * n > budget_s:
+            break
     return float(np.median(samples))
 
 

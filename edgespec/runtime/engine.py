@@ -339,7 +339,9 @@ class Engine:
             points = (width,) if width else config.CALIBRATION_POINTS
             curve = measure_target_curve(self.target, points, repeats=config.CALIBRATION_REPEATS,
                                          budget_s=config.CALIBRATION_BUDGET_S)
-            draft_cost = measure_draft_cost(self.draft, n=3) if self.draft is not None else None
+            draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
+                                             budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
+                          if self.draft is not None else None)
             self.costs = Costs(CostCurve(curve, width=width), draft_cost,
                                time.perf_counter() - start)
         return self.costs
