@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 from ..core.sampling import SamplingParams
 from ..errors import ConfigError
+from ..runtime.kernels import describe, mode_of
 from .prompts import WARMUP_PROMPT, BenchPrompt
 
 SCHEMA = "edgespec-bench/1"
@@ -552,8 +553,8 @@ def models_info(engine) -> dict:
             "size_mb": path.stat().st_size / 1e6 if path and path.exists() else None,
             "n_ctx": getattr(backend, "n_ctx", None),
             "threads": getattr(opts, "n_threads", None),
-            "kernels": (None if opts is None else
-                        "batch-consistent" if opts.batch_consistent else "fast"),
+            "kernels": None if opts is None else describe(backend),
+            "kernel_mode": None if opts is None else mode_of(backend),
         }
 
     out = {"target": one(engine.target), "draft": one(engine.draft)}

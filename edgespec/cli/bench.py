@@ -151,6 +151,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
         "min_p": base.min_p, "seed": base.seed or 0, "draft_length": opts["draft_length"],
         "lengths": ks, "n_ctx": opts["n_ctx"], "threads": opts["threads"] or config.default_threads(),
         "warmup": warmup, "kernels": "fast" if opts["fast_kernels"] else "batch-consistent",
+        "fixed_width": opts["fixed_width"],
         "rpc": opts["rpc"], "draft_rpc": opts["draft_rpc"], "tensor_split": opts["tensor_split"],
         "speed_basis": "generated tokens per second of decoding, prompt prefill excluded",
         "ratio_basis": "per prompt: median(config) / median(none) in this run; overall: "
