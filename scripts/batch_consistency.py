@@ -63,9 +63,9 @@ def _text(be, long: bool) -> tuple[list[int], list[int]]:
 
 def _step_ms(be, prompt: list[int], cont: list[int], n: int = 16) -> float:
     """Median ms of one plain step: one token decoded, its logits read."""
-    from edgespec.bench.verify import _cached
+    from edgespec.runtime.loop import prefill
 
-    _cached(be, prompt)
+    prefill(be, prompt + cont[:1])  # caches the prompt
     times = []
     for t in cont[:n]:
         t0 = time.perf_counter()

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..core.sampling import SamplingParams
 from ..runtime.kernels import BATCH_DEPENDENT, mode_of
+from ..runtime.loop import prefill
 
 #: Batch widths :func:`batch_noise` compares with one token per call.
 NOISE_WIDTHS = (2, 3, 4, 8, 16)
@@ -192,13 +193,6 @@ def top2_gap(engine, context: Sequence[int]) -> float:
     return float(top[1] - top[0])
 
 
-def _cached(model, context: Sequence[int]) -> None:
-    """Make the model's cache hold exactly ``context``."""
-    n = model.sync(list(context))
-    if n < len(context):
-        model.decode(list(context[n:]), 0)
-
-
 def batch_noise_by_width(model, context: Sequence[int], continuation: Sequence[int],
                          widths: Sequence[int] = NOISE_WIDTHS) -> dict[int, float]:
     """For each k in ``widths`` (2 up to the continuation's length): the largest |logit
@@ -209,12 +203,13 @@ def batch_noise_by_width(model, context: Sequence[int], continuation: Sequence[i
     ks = [k for k in widths if 2 <= k <= len(continuation)]
     if not ks:
         return {}
-    _cached(model, context)
+    ahead = [*context, continuation[0]]  # prefill() caches all but the last: the context
+    prefill(model, ahead)
     # (each decode's rows are valid until the next decode: copy)
     single = np.concatenate([model.decode([t], 1).copy() for t in continuation[:max(ks)]])
     worst = {}
     for k in ks:
-        _cached(model, context)
+        prefill(model, ahead)
         worst[k] = float(np.abs(model.decode(continuation[:k], k) - single[:k]).max())
     return worst
 
@@ -243,11 +238,11 @@ def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters:
         plain = engine.complete(prompt, max_tokens=max_tokens, drafter="none", sampling=greedy,
                                 chat=chat)
         want = _ids(plain)
+        prompt_ids = engine.prompt_tokens(prompt, chat=chat)
         if dependent and tolerance is None and len(want) >= 2:
             if progress:
                 progress("measuring the kernels' batch-shape noise")
-            tolerance = 2 * batch_noise(engine.target, engine.prompt_tokens(prompt, chat=chat),
-                                        want)
+            tolerance = 2 * batch_noise(engine.target, prompt_ids, want)
         for name in drafters:
             if progress:
                 progress(f"greedy {pid}: {name}")
@@ -259,8 +254,7 @@ def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters:
                                drafted=spec.stats.drafted, accepted=spec.stats.accepted)
             results.append(res)
             if i is not None:
-                context = engine.prompt_tokens(prompt, chat=chat) + want[:i]
-                res.gap = top2_gap(engine, context)
+                res.gap = top2_gap(engine, prompt_ids + want[:i])
     for res in results:  # (the noise may have been measured after a divergence)
         res.tolerance = tolerance
         res.near_tie = res.gap is not None and tolerance is not None and res.gap <= tolerance

@@ -127,11 +127,11 @@ class CostCurve:
             self.counts = {self.width: len(per_call)}
 
     def _calls(self, n: int) -> int:
-        return -(-n // self.width)
+        return -(-max(n, 1) // self.width)
 
     def __call__(self, n: int) -> float:
         if self.width:
-            return self._calls(max(n, 1)) * self.points[self.width]
+            return self._calls(n) * self.points[self.width]
         ns = sorted(self.points)
         if n in self.points:
             return self.points[n]
@@ -152,7 +152,7 @@ class CostCurve:
         observations (one noisy calibration sample must not outweigh real rounds), then a
         running average that follows the machine's load."""
         if self.width:
-            n, seconds = self.width, seconds / self._calls(max(n, 1))
+            n, seconds = self.width, seconds / self._calls(n)
         if n in self.points:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
