@@ -11,6 +11,7 @@ that a sampler off by a few percent on any outcome with expected count >= 5 fail
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -293,3 +294,87 @@ def test_verify_accepts_dists_and_dense_vectors_alike():
         b = verify(tokens, [None] * 3, dense, np.random.default_rng(seed))
         assert a.n_accepted == b.n_accepted
     assert isinstance(Exact(dense[0]).sample(np.random.default_rng(0)), int)
+
+
+# ggml's vectorised exp (edgespec._native.exp_kernel) against NumPy's and float64
+
+
+def test_the_native_exp_kernel_is_found_here():
+    """llama-cpp-python is installed with the tests: ggml's kernel must be found and used
+    (a silent fall-back to NumPy would cost 2-4x per untruncated row)."""
+    from edgespec import _native
+
+    assert _native.library_path() is not None
+    assert _native.exp_kernel() is not None
+
+
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 255, 4099, 151_936])
+@pytest.mark.parametrize("shift", [0.0, 3.5, -2.0])
+def test_exp_shifted_matches_float64(size, shift):
+    rng = np.random.default_rng(size)
+    x = rng.normal(0, 8, size).astype(np.float32)
+    x[:: 5] = -np.inf
+    x[1:: 11] = -120.0  # underflows to 0 (or a subnormal) after the shift
+    out = np.empty_like(x)
+    total = sampling.exp_shifted(x, shift, out)
+    # the shift is subtracted in float32 (as NumPy's fall-back does): exp's own error is
+    # what is checked
+    want = np.exp((x - np.float32(shift)).astype(np.float64))
+    # both ggml's and NumPy's float32 exp are within 2e-7 relative of float64 (measured
+    # over [-120, 0] in steps of 6e-5); subnormals keep few digits: atol at their scale
+    np.testing.assert_allclose(out, want, rtol=4e-7, atol=1e-44)
+    assert total is not None and total == pytest.approx(want.sum(), rel=1e-6)
+    np.exp(x - np.float32(shift), out=out)  # NumPy's, for the fall-back's accuracy
+    np.testing.assert_allclose(out, want, rtol=4e-7, atol=1e-44)
+
+
+def test_exp_shifted_in_place_and_the_numpy_fall_back(monkeypatch):
+    x = np.linspace(-30, 5, 1001).astype(np.float32)
+    fast = x.copy()
+    sampling.exp_shifted(fast, 5.0, fast)  # in place
+    monkeypatch.setattr(sampling, "exp_kernel", lambda: None)
+    slow = np.empty_like(x)
+    assert sampling.exp_shifted(x, 5.0, slow) is None  # NumPy gives no total
+    np.testing.assert_allclose(fast, slow, rtol=4e-7)
+    # a float64 or strided array never reaches the kernel (it reads float32 by address)
+    monkeypatch.undo()
+    out = np.empty(501, np.float32)
+    assert sampling.exp_shifted(x[::2], 0.0, out) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows, params_st)
+def test_distribution_with_numpy_exp_equals_the_dense_reference(row, params):
+    """The fall-back path (no ggml kernel) keeps the same distribution."""
+    if np.all(row == -np.inf):
+        return
+    truncated = (0 < params.top_k < row.size or params.top_p < 1 or params.min_p > 0
+                 or params.greedy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "exp_kernel", lambda: None)
+        assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
+
+
+def test_dense_with_a_known_total_makes_its_block_sums_only_to_sample():
+    row = vocab_row(4096, seed=3)
+    d = distribution(row, SamplingParams(temperature=0.8))
+    assert isinstance(d, Dense) and d._blocks is None
+    ref = process(row, SamplingParams(temperature=0.8))
+    assert d.prob(5) == pytest.approx(ref[5], rel=1e-5)
+    assert d._blocks is None  # prob() alone: no block sums
+    d.sample(np.random.default_rng(0))
+    assert d._blocks is not None
+    assert d.blocks.sum() == pytest.approx(d.total, rel=1e-6)
+
+
+def test_no_native_exp_when_switched_off():
+    import subprocess
+    import sys
+
+    code = "from edgespec import _native; print(_native.exp_kernel() is None)"
+    env = {"EDGESPEC_NUMPY_EXP": "1", "PATH": "/usr/bin:/bin"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "True"

@@ -2,7 +2,8 @@
 
 Layers, lowest first (see README, "How it works"):
 
-- ``edgespec.config``, ``edgespec.errors``: the foundation, importable by everyone;
+- ``edgespec.config``, ``edgespec.errors``, ``edgespec._native`` (llama.cpp's libraries without
+  llama_cpp): the foundation, importable by everyone;
 - ``edgespec.core`` (pure math) and ``edgespec.models`` (files on disk): only the foundation;
 - ``edgespec.runtime`` (drives llama.cpp): core, models;
 - ``edgespec.bench``: runtime and below;
@@ -37,7 +38,7 @@ ALLOWED = {
     "cli": {"core", "models", "runtime", "bench", "server", "tui"},
     "top": {"core", "models", "runtime", "bench", "cli", "server", "tui"},  # __init__, __main__
 }
-FOUNDATION = {"edgespec.config", "edgespec.errors"}
+FOUNDATION = {"edgespec.config", "edgespec.errors", "edgespec._native"}
 
 
 def _modules() -> dict[str, Path]:

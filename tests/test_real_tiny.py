@@ -167,15 +167,17 @@ def test_numpy_first_still_gives_one_llama_cpp_bound_only_to_itself(tmp_path):
     """The structure the CUDA load crash (issue 11) may hinge on, checked on the CPU: with NumPy
     imported first, every llama.cpp library is mapped from one file only (the wheel's
     ``libggml.so`` beside ``libggml.so.0`` would be a second ggml with its own backend
-    registry), and no symbol of llama.cpp's libraries resolves into NumPy's files."""
+    registry; the sampler's exp kernel comes from ``libggml-cpu.so.0``), and no symbol of llama.cpp's libraries resolves into NumPy's files."""
     from edgespec.models.resolve import resolve_model
 
     code = ("import sys, numpy, edgespec\n"
             "from edgespec import Engine, SamplingParams\n"
             "from edgespec.runtime import rpc\n"
-            "rpc.local_devices()\n"  # edgespec's own ctypes route to ggml
+            "rpc.local_devices()\n"  # edgespec's own ctypes routes to ggml
+            "assert edgespec._native.exp_kernel() is not None\n"
             "with Engine.load(target=sys.argv[1], drafter='none', progress=False) as e:\n"
             "    e.complete('Hi', max_tokens=2, sampling=SamplingParams(temperature=0))\n"
+            "    e.complete('Hi', max_tokens=2, sampling=SamplingParams(temperature=1))\n"
             "print(open('/proc/self/maps').read())\n")
     path = str(resolve_model("smollm2-135m-instruct-q4_1"))
     env = dict(os.environ, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(tmp_path / "ld"))

@@ -100,15 +100,27 @@ class Dense:
     """Weights over the first ``len(w)`` ids (float32, unnormalised; ids past them have
     probability 0), with sums per block of :data:`BLOCK` ids."""
 
-    __slots__ = ("w", "n", "blocks", "total", "_cum")
+    __slots__ = ("w", "n", "total", "_blocks", "_cum")
 
-    def __init__(self, w: np.ndarray, n: int) -> None:
-        """``w``: weights padded with zeros to a multiple of :data:`BLOCK` (it is kept)."""
+    def __init__(self, w: np.ndarray, n: int, total: float | None = None) -> None:
+        """``w``: weights padded with zeros to a multiple of :data:`BLOCK` (it is kept);
+        ``total``: their sum, if known (then the block sums wait for the first ``sample``:
+        a target row that is only asked ``prob`` of its draft never needs them)."""
         self.w = w
         self.n = n
-        self.blocks = block_sums(w)
-        self.total = float(self.blocks.sum())
+        self._blocks: np.ndarray | None = None
+        if total is None:
+            self._blocks = block_sums(w)
+            total = float(self._blocks.sum())
+        self.total = total
         self._cum: np.ndarray | None = None
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """float64 sums of the weights per block of :data:`BLOCK` ids."""
+        if self._blocks is None:
+            self._blocks = block_sums(self.w)
+        return self._blocks
 
     def prob(self, x: int) -> float:
         return float(self.w[x]) / self.total if x < self.w.size else 0.0
@@ -116,14 +128,14 @@ class Dense:
     def sample(self, rng: np.random.Generator) -> int:
         if self._cum is None:
             self._cum = np.cumsum(self.blocks)
-        cum = self._cum
+        cum, blocks = self._cum, self.blocks
         u = rng.random() * cum[-1]
         b = min(int(np.searchsorted(cum, u, side="right")), cum.size - 1)
-        while self.blocks[b] == 0.0:  # u rounded onto the end of the CDF
+        while blocks[b] == 0.0:  # u rounded onto the end of the CDF
             b -= 1
         u -= cum[b - 1] if b else 0.0
         local = np.cumsum(self.w[b * BLOCK:(b + 1) * BLOCK], dtype=np.float64)
-        u *= local[-1] / self.blocks[b]  # the block's float32 sum -> its float64 sum
+        u *= local[-1] / blocks[b]  # the block's float32 sum -> its float64 sum
         j = min(int(np.searchsorted(local, u, side="right")), BLOCK - 1)
         while self.w[b * BLOCK + j] == 0.0:
             j -= 1
