@@ -9,6 +9,7 @@ import math
 import struct
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -276,6 +277,37 @@ def test_reference_end_of_generation_token_is_not_output():
     assert m.generated == 1 and m.drafted == 0 and m.accepted == 0
 
 
+class CapturingLlama:
+    """Stands in for ``llama_cpp.Llama``: records the keyword arguments it was created with."""
+
+    created: list[dict] = []
+
+    def __init__(self, **kwargs):
+        CapturingLlama.created.append(kwargs)
+        self._model = SimpleNamespace(vocab=None)
+        self.n_tokens = 0
+        self.sample = self.eval = lambda *a, **k: 0
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("ngl", [0, 12, -1])
+def test_both_reference_llamas_use_the_targets_offload(monkeypatch, ngl):
+    from edgespec.bench.reference import ReferenceRunner
+
+    monkeypatch.setattr("llama_cpp.Llama", CapturingLlama)
+    monkeypatch.setattr(CapturingLlama, "created", [])
+    runner = ReferenceRunner("target.gguf", 512, 2, n_gpu_layers=ngl)
+    runner._llama("llama-cpp-python")
+    runner._llama("llama-cpp-python-plain")
+    assert [kw["n_gpu_layers"] for kw in CapturingLlama.created] == [ngl, ngl]
+    assert [kw["model_path"] for kw in CapturingLlama.created] == ["target.gguf"] * 2
+    described = runner.describe()
+    assert {d["n_gpu_layers"] for d in described.values()} == {ngl}
+    assert {d["flash_attn"] for d in described.values()} == {False}
+
+
 # ---- the whole command over fakes -------------------------------------------------------------
 
 
@@ -283,9 +315,10 @@ class FakeReference:
     """Stands in for llama-cpp-python: a fixed speed, every run."""
 
     closed = False
+    kwargs: dict = {}
 
     def __init__(self, *args, **kwargs):
-        pass
+        FakeReference.kwargs = kwargs
 
     def run(self, config, prompt, max_tokens, sampling) -> Measurement:
         return Measurement(max_tokens, 40.0, max_tokens / 40.0, 12, max_tokens, 0, 0, 0.0,
@@ -347,6 +380,21 @@ def test_bench_prints_tables_and_writes_json_and_plot(fake_bench):
     assert (tmp / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert FakeReference.closed
     assert doc["settings"]["reference"] == {"llama-cpp-python": {"logits_all": True}}
+
+
+def test_the_reference_runs_with_the_targets_offload_and_the_settings_record_it(fake_bench):
+    from edgespec.runtime.backend import ModelOptions
+
+    invoke, tmp = fake_bench
+    engine = bench_cli._load({}).__enter__()
+    engine.target.options = ModelOptions(path=Path("t.gguf"), n_gpu_layers=-1, n_threads=2)
+    engine.draft.options = ModelOptions(path=Path("d.gguf"), n_gpu_layers=5, n_threads=2)
+    res = invoke("--drafters", "none,llama-cpp-python-plain", "-n", "4", "--repeats", "1",
+                 "--no-warmup")
+    assert res.exit_code == 0, res.output
+    assert FakeReference.kwargs == {"n_gpu_layers": -1}
+    settings = json.loads((tmp / "r.json").read_text())["settings"]
+    assert settings["n_gpu_layers"] == -1 and settings["draft_n_gpu_layers"] == 5
 
 
 def test_auto_is_skipped_with_a_reason_when_it_cannot_run(fake_bench, monkeypatch):

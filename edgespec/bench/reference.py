@@ -12,8 +12,10 @@
   kernels, so against edgespec's ``none`` it shows what batch-consistent kernels cost.
 
 Each ``Llama`` is created on first use and reused (its prompt prefix cache included, as
-edgespec reuses its own). Generation goes through ``create_chat_completion`` (or
-``create_completion`` for raw prompts) with ``stream=True``, as an application would call it.
+edgespec reuses its own), with the target's offload setting (``--ngl``): on a GPU both sides run
+there, never the reference on the CPU next to edgespec's GPU figures. Generation goes through
+``create_chat_completion`` (or ``create_completion`` for raw prompts) with ``stream=True``, as an
+application would call it.
 
 What is measured, by wrapping the instance's own methods (no change to llama-cpp-python):
 each ``sample`` call is one sampled token, timestamped; each ``eval`` call is one target call
@@ -53,23 +55,27 @@ class ReferenceRunner:
     """Creates llama-cpp-python ``Llama`` objects for the target on demand and measures runs."""
 
     def __init__(self, model_path: str | Path, n_ctx: int, n_threads: int,
-                 num_pred_tokens: int = NUM_PRED_TOKENS) -> None:
+                 num_pred_tokens: int = NUM_PRED_TOKENS, *, n_gpu_layers: int = 0) -> None:
         self.model_path = str(model_path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.num_pred_tokens = num_pred_tokens
+        #: layers offloaded, as edgespec's target (``ModelOptions.n_gpu_layers``; -1 = all)
+        self.n_gpu_layers = n_gpu_layers
         self._llamas: dict[str, object] = {}
         self._rec = _Recorder()
 
     def describe(self) -> dict:
+        """Each reference configuration's ``Llama`` settings, for the results' settings."""
+        shared = {"n_batch": N_BATCH, "n_gpu_layers": self.n_gpu_layers, "flash_attn": False,
+                  "kernels": "fast (llama.cpp defaults)"}
         return {
             "llama-cpp-python": {
                 "draft_model": f"LlamaPromptLookupDecoding(num_pred_tokens={self.num_pred_tokens})",
-                "logits_all": True, "n_batch": N_BATCH, "kernels": "fast (llama.cpp defaults)",
+                "logits_all": True, **shared,
                 "note": "a draft_model forces logits_all=True (n_ctx x n_vocab float32 logits kept)",
             },
-            "llama-cpp-python-plain": {"draft_model": None, "logits_all": False, "n_batch": N_BATCH,
-                                       "kernels": "fast (llama.cpp defaults)"},
+            "llama-cpp-python-plain": {"draft_model": None, "logits_all": False, **shared},
         }
 
     def _llama(self, name: str):
@@ -90,7 +96,8 @@ class ReferenceRunner:
 
         draft = CountingLookup(num_pred_tokens=self.num_pred_tokens) if name == "llama-cpp-python" else None
         llm = llama_cpp.Llama(model_path=self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
-                              n_threads_batch=self.n_threads, n_batch=N_BATCH, draft_model=draft,
+                              n_threads_batch=self.n_threads, n_batch=N_BATCH,
+                              n_gpu_layers=self.n_gpu_layers, draft_model=draft,
                               logits_all=draft is not None, verbose=False)
         vocab = llm._model.vocab
         sample, evaluate = llm.sample, llm.eval

@@ -133,6 +133,62 @@ def print_report(doc: dict, echo: Echo) -> None:
         print_lengths(agg["by_length"], echo)
 
 
+def print_anchors(doc: dict, echo: Echo) -> None:
+    """The anchors: llama.cpp's own tools on the same prompts, with x none against edgespec's
+    greedy ``none`` of this run, then one line per missing or failed tool."""
+    anchors = doc["anchors"]
+    s = anchors["settings"]
+    agg = anchors.get("aggregates") or {"per_prompt": [], "overall": []}
+    draft_ngl = "" if s["draft_n_gpu_layers"] is None else f", -ngld {s['draft_n_gpu_layers']}"
+    build = next((r["detail"].get("build_commit") for r in anchors["runs"]
+                  if r["detail"].get("build_commit")), None)
+    echo("")
+    echo(f"anchors: llama.cpp's own tools from {anchors['bin']}"
+         + (f" (build {build})" if build else "")
+         + f", not edgespec runs: greedy, the same prompts, models and settings "
+         f"(k={s['draft_length']}, -ngl {s['n_gpu_layers']}{draft_ngl}, -fa {s['flash_attn']}, "
+         f"-t {s['threads']}, -c {s['n_ctx']}); median of the runs; x none = tok/s / edgespec's "
+         "greedy none on the prompt in this run")
+    if agg["per_prompt"]:
+        rows, last = [], None
+        for a in agg["per_prompt"]:
+            rows.append([a["prompt"] if a["prompt"] != last else "", a["tool"],
+                         _num(a["tokens_per_second"]), _ratio(a["ratio_vs_none"]),
+                         _pct(a["acceptance_rate"]), a["edgespec_config"],
+                         _num(a["edgespec_tokens_per_second"])])
+            last = a["prompt"]
+        for line in table(["prompt", "llama.cpp tool", "tok/s", "x none", "accept", "edgespec",
+                           "tok/s"], rows, right={2, 3, 4, 6}):
+            echo(line)
+        echo("")
+        echo("anchors overall: x none is the geometric mean over prompts")
+        rows = [[o["tool"], _num(o["tokens_per_second"]), _ratio(o["ratio_vs_none"])]
+                for o in agg["overall"]]
+        for line in table(["llama.cpp tool", "tok/s", "x none"], rows, right={1, 2}):
+            echo(line)
+    for line in anchor_problems(anchors):
+        echo(line)
+
+
+def anchor_problems(anchors: dict) -> list[str]:
+    """One line per tool that is missing or failed (its prompts named), and per run whose tool
+    tokenized the prompt differently from edgespec."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for e in anchors["errors"]:
+        grouped.setdefault((e["tool"], e["error"]), []).append(e["prompt"])
+    lines = []
+    for (tool, error), where in grouped.items():
+        prompts = [p for p in where if p]
+        lines.append(f"{tool} failed on {', '.join(prompts)}: {error}" if prompts
+                     else f"{tool}: {error}")
+    mismatched = {(r["tool"], r["prompt"]): (r["prompt_tokens"], ours) for r in anchors["runs"]
+                  if (ours := r["detail"].get("edgespec_prompt_tokens")) is not None
+                  and r["prompt_tokens"] is not None and r["prompt_tokens"] != ours}
+    for (tool, prompt), (theirs, ours) in mismatched.items():
+        lines.append(f"{tool} on {prompt}: the prompt is {theirs} tokens for it, {ours} for edgespec")
+    return lines
+
+
 def print_lengths(rows: Sequence[dict], echo: Echo) -> None:
     echo("")
     echo("speedup against draft length (edit prompts, geometric mean of x none)")

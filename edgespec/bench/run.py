@@ -569,8 +569,15 @@ def models_info(engine) -> dict:
 def build_document(*, settings: dict, machine: dict, prompts: Sequence[BenchPrompt],
                    configs: Sequence[Config], skipped: Sequence[dict], runs: Sequence[dict],
                    complete: bool, sweep: dict | None = None, memory: dict | None = None,
-                   notes: Sequence[str] = ()) -> dict:
-    """The full JSON results: settings, machine, raw runs, aggregates, sweep, memory."""
+                   notes: Sequence[str] = (), anchors: dict | None = None) -> dict:
+    """The full JSON results: settings, machine, raw runs, aggregates, sweep, memory, and the
+    anchors (llama.cpp's own tools, :mod:`edgespec.bench.anchors`) with their aggregates."""
+    aggregates = aggregate(runs) if runs else None
+    if anchors is not None:
+        from .anchors import aggregate_anchors
+
+        per_prompt = aggregates["per_prompt"] if aggregates else []
+        anchors = {**anchors, "aggregates": aggregate_anchors(anchors["runs"], per_prompt)}
     return {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -582,8 +589,9 @@ def build_document(*, settings: dict, machine: dict, prompts: Sequence[BenchProm
         "skipped": list(skipped),
         "notes": list(notes),
         "runs": list(runs),
-        "aggregates": aggregate(runs) if runs else None,
+        "aggregates": aggregates,
         "sweep": sweep,
         "memory": memory,
+        "anchors": anchors,
         "peak_rss_mb": peak_rss_mb(),
     }

@@ -1,6 +1,6 @@
 """``edgespec bench``: the click command. It wires options, model loading, the progress bar and
-the output files; the measuring is in :mod:`edgespec.bench` (and ``bench_reference``,
-``bench_memory``), the output in :mod:`edgespec.bench_report`."""
+the output files; the measuring is in :mod:`edgespec.bench.run` (and ``reference``, ``memory``,
+``anchors`` there), the output in :mod:`edgespec.bench.report`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .. import config
+from ..bench.anchors import new_result
 from ..bench.memory import DEFAULT_N_CTX as MEMORY_CTX
 from ..bench.memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
 from ..bench.memory import DEFAULT_SIDES as MEMORY_SIDES
@@ -88,6 +89,11 @@ from .options import (
 @click.option("--vocab", type=click.IntRange(2), default=None, metavar="N",
               help="Vocabulary size of --overhead's synthetic model [default: 151936, the "
                    "default target's].")
+@click.option("--llama-cpp-bin", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Also run llama.cpp's own llama-bench, llama-speculative-simple and "
+                   "llama-lookup from DIR (built from the same llama.cpp) on the same prompts, "
+                   "models and settings, and report their tok/s as anchors.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Results file (default: bench-results/bench-<time>.json).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
@@ -115,7 +121,7 @@ bench.params = [temperature if p.name == "temperature" else p
 
 def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, lengths, sweep,
            memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, overhead, vocab,
-           json_path, plot_path, **opts) -> None:
+           llama_cpp_bin, json_path, plot_path, **opts) -> None:
     if overhead:
         _overhead(vocab, repeats, json_path)
         return
@@ -135,6 +141,8 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
         raise ConfigError(f"--memory-sides: unknown {', '.join(bad)}; choose from {', '.join(SIDES)}")
     if not (runs or sweep or memory):
         raise ConfigError("nothing to do: --no-runs needs --sweep or --memory")
+    if llama_cpp_bin is not None and not runs:
+        raise ConfigError("--llama-cpp-bin runs llama.cpp's tools on the prompt set: drop --no-runs")
     json_path = json_path or Path("bench-results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     plot_path = plot_path or json_path.with_suffix(".png")
     for p in (json_path, plot_path):
@@ -153,6 +161,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
         "warmup": warmup, "kernels": "fast" if opts["fast_kernels"] else "batch-consistent",
         "fixed_width": opts["fixed_width"],
         "rpc": opts["rpc"], "draft_rpc": opts["draft_rpc"], "tensor_split": opts["tensor_split"],
+        "llama_cpp_bin": str(llama_cpp_bin) if llama_cpp_bin else None,
         "speed_basis": "generated tokens per second of decoding, prompt prefill excluded",
         "ratio_basis": "per prompt: median(config) / median(none) in this run; overall: "
                        "geometric mean over prompts",
@@ -162,7 +171,8 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
     configs: list[Config] = []
     skipped: list[dict] = []
     notes: list[str] = []
-    sweep_result = memory_result = None
+    sweep_result = memory_result = anchors = None
+    anchor_plan = None
     machine: dict = {}
     interrupted = False
     failure: EdgespecError | None = None
@@ -174,6 +184,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                 machine = machine_info(engine)
                 target_path = getattr(engine.target, "path", None)
                 draft_path = getattr(engine.draft, "path", None)
+                settings.update(_offload(engine))
                 if sweep:
                     echo_err("measuring the target's cost curve t(k)...")
                     from ..bench.report import print_sweep
@@ -184,8 +195,16 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                     configs, skipped = _configs(engine, names, ks, DRAFTER_NAMES)
                     for s in skipped:
                         echo_err(f"skipping {s['config']}: {s['reason']}")
+                    if llama_cpp_bin is not None:
+                        anchor_plan = _anchor_plan(engine, prompts, max_tokens, opts, base, notes,
+                                                   echo_err)
                     _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens,
                              warmup, records, settings)
+            if anchor_plan is not None:
+                # after the engine is closed: the tools get the memory (a GPU's too) to themselves
+                anchors = new_result(llama_cpp_bin, anchor_plan[0])
+                settings["anchors"] = anchors["settings"]
+                _run_anchors(anchors, llama_cpp_bin, *anchor_plan, repeats)
         if memory:
             if target_path is None:
                 target_path, draft_path = _resolve_paths(opts)
@@ -201,12 +220,60 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
         notes.append(f"stopped by an error: {err}")
     _report(settings, machine, prompts, configs, skipped, records,
             not interrupted and failure is None, sweep_result, memory_result, notes, json_path,
-            plot_path)
+            plot_path, anchors)
     if failure is not None:
         raise failure
     if interrupted:
         click.echo("interrupted: partial results written", err=True)
         sys.exit(130)
+
+
+def _offload(engine) -> dict:
+    """The layers edgespec offloaded (the reference and the anchors use the same)."""
+    def ngl(backend):
+        return getattr(getattr(backend, "options", None), "n_gpu_layers", None)
+
+    return {"n_gpu_layers": ngl(engine.target) or 0,
+            "draft_n_gpu_layers": ngl(engine.draft) if engine.draft is not None else None}
+
+
+def _anchor_plan(engine, prompts, max_tokens, opts, base, notes, echo_err):
+    """Settings and prompt texts for llama.cpp's tools, taken while the engine is loaded; None
+    (with a note) when the target is on RPC workers, where the tools' numbers would be this
+    machine's."""
+    from ..bench.anchors import anchor_prompts, settings_from_engine
+
+    if getattr(getattr(engine.target, "options", None), "rpc", ()):
+        note = "llama.cpp's tools: not run (they run locally, the target is on --rpc workers)"
+        notes.append(note)
+        echo_err(note)
+        return None
+    return (settings_from_engine(engine, draft_length=opts["draft_length"], seed=base.seed),
+            anchor_prompts(engine, prompts, max_tokens))
+
+
+def _run_anchors(anchors: dict, bin_dir: Path, settings, prompts, repeats: int) -> None:
+    import tempfile
+
+    from tqdm import tqdm
+
+    from ..bench.anchors import find_tools, run_anchors, unusable_reason
+
+    tools = find_tools(bin_dir)
+    usable = [t for t, exe in tools.items() if unusable_reason(t, exe, settings, bin_dir) is None]
+    total = repeats * len(prompts) * len(usable)
+    bar = tqdm(total=total, desc="llama.cpp tools", unit="run", file=sys.stderr,
+               dynamic_ncols=True, disable=None)
+
+    def on_run(tool, prompt, repeat):
+        bar.update()
+        bar.set_postfix_str(f"{prompt.id} {tool}")
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="edgespec-anchors-") as tmp:
+            run_anchors(anchors, tools, settings, prompts, repeats, Path(tmp), on_run=on_run)
+    finally:
+        bar.close()
 
 
 def _load(opts: dict):
@@ -273,7 +340,8 @@ def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, 
     if any(c.is_reference for c in configs):
         options = getattr(engine.target, "options", None)
         reference = ReferenceRunner(getattr(engine.target, "path", None), engine.target.n_ctx,
-                                    getattr(options, "n_threads", None) or config.default_threads())
+                                    getattr(options, "n_threads", None) or config.default_threads(),
+                                    n_gpu_layers=getattr(options, "n_gpu_layers", 0))
         settings["reference"] = {name: desc for name, desc in reference.describe().items()
                                  if Config(name) in configs}
     runners = Runners(EdgespecRunner(engine), reference)
@@ -312,14 +380,16 @@ def _memory(target, draft, sides, n_ctx, prompt_tokens, opts, echo_err) -> dict:
 
 
 def _report(settings, machine, prompts, configs, skipped, records, complete, sweep, memory, notes,
-            json_path, plot_path) -> None:
-    from ..bench.report import print_memory, print_report, write_json, write_plot
+            json_path, plot_path, anchors=None) -> None:
+    from ..bench.report import print_anchors, print_memory, print_report, write_json, write_plot
 
     doc = build_document(settings=settings, machine=machine, prompts=prompts, configs=configs,
                          skipped=skipped, runs=records, complete=complete, sweep=sweep,
-                         memory=memory, notes=notes)
+                         memory=memory, notes=notes, anchors=anchors)
     if records:
         print_report(doc, click.echo)
+    if anchors:
+        print_anchors(doc, click.echo)
     if memory:
         print_memory(memory, click.echo)
     click.echo("")
