@@ -508,14 +508,43 @@ def test_a_missing_or_failing_tool_is_one_line_and_the_bench_goes_on(fake_bench)
     assert {r["config"] for r in doc["runs"]} == {"none", "lookup"}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--llama-cpp-bin", "/no/such/dir"], "does not exist"),
-    (["--llama-cpp-bin", ".", "--no-runs", "--sweep"], "drop --no-runs"),
+@pytest.mark.parametrize("where, message", [
+    ("missing", "does not exist"),
+    ("file", "is not a directory"),
+    ("empty", "holds none of llama-bench, llama-speculative-simple, llama-lookup"),
+    ("not-executable", "holds none of"),
+    ("tools", "drop --no-runs"),
 ])
-def test_a_bad_llama_cpp_bin_is_a_user_error(fake_bench, args, message):
-    invoke, _, _, _ = fake_bench
-    res = invoke(*args)
-    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
+def test_a_bad_llama_cpp_bin_is_one_error_line_before_any_model_loads(fake_bench, monkeypatch,
+                                                                      where, message):
+    invoke, tmp, _, _ = fake_bench
+    bin_dir = tmp / where
+    if where == "file":
+        bin_dir.write_text("")
+    elif where == "empty":
+        bin_dir.mkdir()
+    elif where == "not-executable":
+        bin_dir.mkdir()
+        script(bin_dir / LLAMA_BENCH, "pass", executable=False)
+    elif where == "tools":
+        bin_dir = fake_tool_dir(tmp)
+    loaded = []
+    monkeypatch.setattr(bench_cli, "_load", lambda opts: loaded.append(opts))
+    extra = ["--no-runs", "--sweep"] if where == "tools" else []
+    res = invoke("--llama-cpp-bin", str(bin_dir), *extra)
+    assert res.exit_code == 2 and loaded == []
+    [line] = res.output.strip().splitlines()
+    assert line.startswith("error: ") and message in line
+
+
+def test_a_tool_that_is_not_executable_is_named_so(tmp_path):
+    script(tmp_path / LOOKUP, "pass", executable=False)
+    tools = {LLAMA_BENCH: None, LOOKUP: None}
+    result = run_anchors(new_result(tmp_path, SETTINGS), tools, SETTINGS, [], 1, tmp_path,
+                         execute=FakeTools())
+    assert result["errors"] == [
+        {"tool": LLAMA_BENCH, "prompt": None, "error": f"not found in {tmp_path}"},
+        {"tool": LOOKUP, "prompt": None, "error": f"not executable in {tmp_path}"}]
 
 
 # ---- the real tools -------------------------------------------------------------------------------

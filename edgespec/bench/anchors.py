@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from .. import config
+from ..errors import ConfigError
 from .prompts import BenchPrompt
 
 LLAMA_BENCH = "llama-bench"
@@ -264,6 +265,21 @@ def find_tools(bin_dir: Path) -> dict[str, Path | None]:
             for name in TOOLS}
 
 
+def check_bin_dir(bin_dir: Path) -> dict[str, Path | None]:
+    """:func:`find_tools` of the directory the user named, checked before anything runs:
+    :class:`ConfigError` when it is not a directory or holds none of the tools (a wrong
+    directory, not a partial build: a missing tool among others is a line in the results)."""
+    if not bin_dir.exists():
+        raise ConfigError(f"--llama-cpp-bin: {bin_dir} does not exist")
+    if not bin_dir.is_dir():
+        raise ConfigError(f"--llama-cpp-bin: {bin_dir} is not a directory")
+    tools = find_tools(bin_dir)
+    if not any(tools.values()):
+        raise ConfigError(f"--llama-cpp-bin: {bin_dir} holds none of {', '.join(TOOLS)} "
+                          "as an executable (to build them: README, Benchmark)")
+    return tools
+
+
 def run_tool(cmd: Sequence[str], timeout: float = TOOL_TIMEOUT_S) -> tuple[str, str]:
     """Run one tool; its (stdout, stderr). :class:`AnchorError` when it cannot start, runs out
     of time or exits with an error."""
@@ -312,6 +328,8 @@ def unusable_reason(tool: str, exe: Path | None, settings: AnchorSettings,
                     bin_dir: Path | str) -> str | None:
     """Why ``tool`` cannot run at all here (None: it can)."""
     if exe is None:
+        if (Path(bin_dir) / tool).is_file():
+            return f"not executable in {bin_dir}"
         return f"not found in {bin_dir}"
     if tool == SPECULATIVE_SIMPLE and settings.draft is None:
         return "no draft model loaded"

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .. import config
-from ..bench.anchors import new_result
+from ..bench.anchors import check_bin_dir, new_result
 from ..bench.memory import DEFAULT_N_CTX as MEMORY_CTX
 from ..bench.memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
 from ..bench.memory import DEFAULT_SIDES as MEMORY_SIDES
@@ -89,7 +89,7 @@ from .options import (
 @click.option("--vocab", type=click.IntRange(2), default=None, metavar="N",
               help="Vocabulary size of --overhead's synthetic model [default: 151936, the "
                    "default target's].")
-@click.option("--llama-cpp-bin", type=click.Path(exists=True, file_okay=False, path_type=Path),
+@click.option("--llama-cpp-bin", type=click.Path(path_type=Path),
               default=None, metavar="DIR",
               help="Also run llama.cpp's own llama-bench, llama-speculative-simple and "
                    "llama-lookup from DIR (built from the same llama.cpp) on the same prompts, "
@@ -143,6 +143,8 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
         raise ConfigError("nothing to do: --no-runs needs --sweep or --memory")
     if llama_cpp_bin is not None and not runs:
         raise ConfigError("--llama-cpp-bin runs llama.cpp's tools on the prompt set: drop --no-runs")
+    if llama_cpp_bin is not None:
+        check_bin_dir(llama_cpp_bin)
     json_path = json_path or Path("bench-results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     plot_path = plot_path or json_path.with_suffix(".png")
     for p in (json_path, plot_path):
