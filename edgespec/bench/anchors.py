@@ -41,6 +41,7 @@ from typing import Callable, Mapping, Sequence
 
 from .. import config
 from ..errors import ConfigError
+from ..runtime.kernels import flash_attention_off
 from .prompts import BenchPrompt
 
 LLAMA_BENCH = "llama-bench"
@@ -114,10 +115,9 @@ class AnchorRun:
 
 
 def flash_attn_mode(options: object) -> str:
-    """``-fa`` as edgespec's target runs: off in batch-consistent mode (without a fixed width),
-    else llama.cpp's default (``auto``)."""
-    consistent = getattr(options, "batch_consistent", True)
-    return "off" if consistent and not getattr(options, "fixed_width", 0) else "auto"
+    """``-fa`` as edgespec's target runs (:func:`edgespec.runtime.kernels.flash_attention_off`):
+    off in batch-consistent mode without a fixed width, else llama.cpp's default (``auto``)."""
+    return "off" if flash_attention_off(options) else "auto"
 
 
 def settings_from_engine(engine, *, draft_length: int | None, seed: int | None) -> AnchorSettings:

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..core.lookup import common_prefix
 from ..errors import ConfigError, ContextOverflowError, IncompatibleDraftError, ModelError
-from .kernels import BATCH_DEPENDENT, EXACT_FIXED_WIDTH, EXACT_PIECES
+from .kernels import BATCH_DEPENDENT, EXACT_FIXED_WIDTH, EXACT_PIECES, flash_attention_off
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
@@ -341,9 +341,7 @@ class LlamaBackend:
         if options.backend_sampling and hasattr(cparams, "n_outputs_max_per_seq"):
             # a verification batch's rows are all sampled in the graph (default: one per call)
             cparams.n_outputs_max_per_seq = MAX_SAMPLED_ROWS
-        if options.batch_consistent and not width:
-            # (at a fixed width no call has one query row, and flash attention's kernels then
-            # give the same rows for every k: it stays at llama.cpp's default, on where it runs)
+        if flash_attention_off(options):
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         try:
             with interrupts_deferred():

@@ -25,6 +25,15 @@ def mode_of(model: object) -> str:
     return EXACT_PIECES if getattr(options, "batch_consistent", True) else BATCH_DEPENDENT
 
 
+def flash_attention_off(options: object) -> bool:
+    """Whether a model loaded with these ``ModelOptions`` runs without flash attention: in the
+    batch-consistent mode without a fixed width (a single query takes flash attention's
+    split-KV path once the cache reaches 512 cells). At a fixed width no call has one query row,
+    and flash attention's kernels then give the same rows for every k; with fast kernels
+    nothing needs to match: either way it stays at llama.cpp's default, on where it runs."""
+    return bool(getattr(options, "batch_consistent", True)) and not getattr(options, "fixed_width", 0)
+
+
 def describe(model: object) -> str:
     """The mode in words, e.g. ``exact (fixed width 8: every logit-reading call 8 tokens wide)``."""
     mode = mode_of(model)
