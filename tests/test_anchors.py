@@ -23,7 +23,6 @@ from edgespec.bench.anchors import (
     AnchorError,
     AnchorPrompt,
     AnchorSettings,
-    aggregate_anchors,
     anchor_prompts,
     failure_reason,
     find_tools,
@@ -41,6 +40,7 @@ from edgespec.bench.anchors import (
 )
 from edgespec.bench.prompts import BenchPrompt
 from edgespec.bench.report import print_anchors
+from edgespec.bench.run import aggregate_anchors
 from edgespec.cli import bench as bench_cli
 from edgespec.cli.main import cli
 from edgespec.runtime.backend import ModelOptions

@@ -21,19 +21,18 @@ prompt's prefill.
 
 The command builders and output parsers are pure functions; :func:`run_anchors` runs the
 tools. A missing tool, a failing run or output that cannot be parsed becomes one line in the
-result's ``errors``, never an exception.
+result's ``errors``, never an exception. The aggregates (against edgespec's runs) are
+:func:`edgespec.bench.run.aggregate_anchors`, with the bench's own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import shlex
 import signal
-import statistics
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -374,43 +373,3 @@ def run_anchors(result: dict, tools: Mapping[str, Path | None], settings: Anchor
                     failed.add((tool, prompt.id))
                     result["errors"].append({"tool": tool, "prompt": prompt.id, "error": str(err)})
     return result
-
-
-# ---- aggregation -------------------------------------------------------------------------------
-
-
-def _geomean(values: Sequence[float]) -> float | None:
-    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
-    return math.exp(statistics.fmean(math.log(v) for v in vals)) if vals else None
-
-
-def aggregate_anchors(runs: Sequence[dict], per_prompt: Sequence[dict]) -> dict:
-    """Per prompt and tool: the median tok/s over the repeats, acceptance, and the ratio to
-    edgespec's greedy ``none`` on that prompt in the same run (``per_prompt`` is the bench's
-    per-prompt aggregates); overall: geometric mean of the ratios, median tok/s."""
-    greedy = {(a["prompt"], a["config"]): a["tokens_per_second"] for a in per_prompt
-              if a["temperature"] == 0 and a["draft_length"] is None}
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in runs:
-        groups.setdefault((r["prompt"], r["tool"]), []).append(r)
-    rows = []
-    for (prompt, tool), rs in groups.items():
-        tps = statistics.median(r["tokens_per_second"] for r in rs)
-        none, twin = greedy.get((prompt, "none")), greedy.get((prompt, TOOLS[tool]))
-        drafted = sum(r["drafted"] or 0 for r in rs)
-        rows.append({"prompt": prompt, "kind": rs[0]["kind"], "tool": tool, "runs": len(rs),
-                     "tokens_per_second": tps,
-                     "ratio_vs_none": tps / none if none else None,
-                     "edgespec_config": TOOLS[tool], "edgespec_tokens_per_second": twin,
-                     "acceptance_rate": (sum(r["accepted"] or 0 for r in rs) / drafted
-                                         if drafted else None),
-                     "prompt_tokens": rs[0]["prompt_tokens"]})
-    overall = []
-    for tool in TOOLS:
-        mine = [a for a in rows if a["tool"] == tool]
-        if mine:
-            overall.append({"tool": tool, "prompts": len(mine),
-                            "tokens_per_second": statistics.median(a["tokens_per_second"] for a in mine),
-                            "ratio_vs_none": _geomean([a["ratio_vs_none"] for a in mine]),
-                            "edgespec_config": TOOLS[tool]})
-    return {"per_prompt": rows, "overall": overall}

@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 from ..core.sampling import SamplingParams
 from ..errors import ConfigError
 from ..runtime.kernels import describe, mode_of
+from .anchors import TOOLS as ANCHOR_TOOLS
 from .prompts import WARMUP_PROMPT, BenchPrompt
 
 SCHEMA = "edgespec-bench/1"
@@ -442,6 +443,39 @@ def aggregate(runs: Sequence[dict], reference: str = REFERENCE_DRAFTERS[0]) -> d
             "by_length": _by_length(overall), "temperature_retention": _retention(overall)}
 
 
+def aggregate_anchors(runs: Sequence[dict], per_prompt: Sequence[dict]) -> dict:
+    """The anchors' runs (llama.cpp's own tools, :mod:`edgespec.bench.anchors`) per prompt and
+    tool: the median tok/s over the repeats, acceptance, and the ratio to edgespec's greedy
+    ``none`` on that prompt in the same run (``per_prompt`` is :func:`aggregate`'s); overall:
+    geometric mean of the ratios, median tok/s."""
+    greedy = {(a["prompt"], a["config"]): a["tokens_per_second"] for a in per_prompt
+              if a["temperature"] == 0 and a["draft_length"] is None}
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["prompt"], r["tool"]), []).append(r)
+    rows = []
+    for (prompt, tool), rs in groups.items():
+        tps = median([r["tokens_per_second"] for r in rs])
+        drafted = sum(r["drafted"] or 0 for r in rs)
+        rows.append({"prompt": prompt, "kind": rs[0]["kind"], "tool": tool, "runs": len(rs),
+                     "tokens_per_second": tps,
+                     "ratio_vs_none": _ratio(tps, greedy.get((prompt, BASELINE))),
+                     "edgespec_config": ANCHOR_TOOLS[tool],
+                     "edgespec_tokens_per_second": greedy.get((prompt, ANCHOR_TOOLS[tool])),
+                     "acceptance_rate": (sum(r["accepted"] or 0 for r in rs) / drafted
+                                         if drafted else None),
+                     "prompt_tokens": rs[0]["prompt_tokens"]})
+    overall = []
+    for tool, twin in ANCHOR_TOOLS.items():
+        mine = [a for a in rows if a["tool"] == tool]
+        if mine:
+            overall.append({"tool": tool, "prompts": len(mine),
+                            "tokens_per_second": median([a["tokens_per_second"] for a in mine]),
+                            "ratio_vs_none": geometric_mean([a["ratio_vs_none"] for a in mine]),
+                            "edgespec_config": twin})
+    return {"per_prompt": rows, "overall": overall}
+
+
 def _first_seen(runs: Sequence[dict], prompt: str) -> int:
     return next(i for i, r in enumerate(runs) if r["prompt"] == prompt)
 
@@ -574,8 +608,6 @@ def build_document(*, settings: dict, machine: dict, prompts: Sequence[BenchProm
     anchors (llama.cpp's own tools, :mod:`edgespec.bench.anchors`) with their aggregates."""
     aggregates = aggregate(runs) if runs else None
     if anchors is not None:
-        from .anchors import aggregate_anchors
-
         per_prompt = aggregates["per_prompt"] if aggregates else []
         anchors = {**anchors, "aggregates": aggregate_anchors(anchors["runs"], per_prompt)}
     return {
