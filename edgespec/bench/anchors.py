@@ -36,12 +36,15 @@ import signal
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from .. import config
 from ..errors import ConfigError
 from ..runtime.kernels import flash_attention_off
 from .prompts import BenchPrompt
+
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
 
 LLAMA_BENCH = "llama-bench"
 SPECULATIVE_SIMPLE = "llama-speculative-simple"
@@ -119,7 +122,8 @@ def flash_attn_mode(options: object) -> str:
     return "off" if flash_attention_off(options) else "auto"
 
 
-def settings_from_engine(engine, *, draft_length: int | None, seed: int | None) -> AnchorSettings:
+def settings_from_engine(engine: Engine, *, draft_length: int | None,
+                         seed: int | None) -> AnchorSettings:
     """The tools' settings from a loaded :class:`edgespec.Engine` (its target's and draft's
     ``ModelOptions``). ``draft_length`` None means edgespec's default for fixed drafters."""
     opts = engine.target.options
@@ -134,7 +138,8 @@ def settings_from_engine(engine, *, draft_length: int | None, seed: int | None) 
         seed=seed or 0)
 
 
-def anchor_prompts(engine, prompts: Sequence[BenchPrompt], max_tokens: int) -> list[AnchorPrompt]:
+def anchor_prompts(engine: Engine, prompts: Sequence[BenchPrompt],
+                   max_tokens: int) -> list[AnchorPrompt]:
     """Each prompt's text as edgespec decodes it (see :meth:`edgespec.Engine.prompt_tokens`)."""
     out = []
     for p in prompts:

@@ -7,16 +7,17 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import click
 
 from .. import config
-from ..bench.anchors import check_bin_dir, new_result
+from ..bench import anchors as anchors_mod
 from ..bench.memory import DEFAULT_N_CTX as MEMORY_CTX
 from ..bench.memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
 from ..bench.memory import DEFAULT_SIDES as MEMORY_SIDES
 from ..bench.memory import SIDES
-from ..bench.prompts import KINDS, load_prompts, select_prompts
+from ..bench.prompts import KINDS, BenchPrompt, load_prompts, select_prompts
 from ..bench.run import (
     DEFAULT_DRAFTERS,
     DEFAULT_MAX_TOKENS,
@@ -44,6 +45,10 @@ from .options import (
     sampling_options,
     user_errors,
 )
+
+if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs it
+    from ..core.sampling import SamplingParams
+    from ..runtime.engine import Engine
 
 
 @click.command("bench", context_settings=CONTEXT_SETTINGS)
@@ -144,7 +149,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
     if llama_cpp_bin is not None and not runs:
         raise ConfigError("--llama-cpp-bin runs llama.cpp's tools on the prompt set: drop --no-runs")
     if llama_cpp_bin is not None:
-        check_bin_dir(llama_cpp_bin)
+        anchors_mod.check_bin_dir(llama_cpp_bin)
     json_path = json_path or Path("bench-results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     plot_path = plot_path or json_path.with_suffix(".png")
     for p in (json_path, plot_path):
@@ -204,7 +209,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                              warmup, records, settings)
             if anchor_plan is not None:
                 # after the engine is closed: the tools get the memory (a GPU's too) to themselves
-                anchors = new_result(llama_cpp_bin, anchor_plan[0])
+                anchors = anchors_mod.new_result(llama_cpp_bin, anchor_plan[0])
                 settings["anchors"] = anchors["settings"]
                 _run_anchors(anchors, llama_cpp_bin, *anchor_plan, repeats)
         if memory:
@@ -230,50 +235,55 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
         sys.exit(130)
 
 
-def _offload(engine) -> dict:
-    """The layers edgespec offloaded (the reference and the anchors use the same)."""
-    def ngl(backend):
+def _offload(engine: Engine) -> dict:
+    """The layers edgespec offloaded, for the settings (the reference and the anchors use the
+    same)."""
+    def ngl(backend: object) -> int | None:
         return getattr(getattr(backend, "options", None), "n_gpu_layers", None)
 
     return {"n_gpu_layers": ngl(engine.target) or 0,
             "draft_n_gpu_layers": ngl(engine.draft) if engine.draft is not None else None}
 
 
-def _anchor_plan(engine, prompts, max_tokens, opts, base, notes, echo_err):
+def _anchor_plan(engine: Engine, prompts: Sequence[BenchPrompt], max_tokens: int, opts: dict,
+                 base: SamplingParams, notes: list[str], echo_err: Callable[[str], None]
+                 ) -> tuple[anchors_mod.AnchorSettings, list[anchors_mod.AnchorPrompt]] | None:
     """Settings and prompt texts for llama.cpp's tools, taken while the engine is loaded; None
     (with a note) when the target is on RPC workers, where the tools' numbers would be this
     machine's."""
-    from ..bench.anchors import anchor_prompts, settings_from_engine
-
     if getattr(getattr(engine.target, "options", None), "rpc", ()):
         note = "llama.cpp's tools: not run (they run locally, the target is on --rpc workers)"
         notes.append(note)
         echo_err(note)
         return None
-    return (settings_from_engine(engine, draft_length=opts["draft_length"], seed=base.seed),
-            anchor_prompts(engine, prompts, max_tokens))
+    return (anchors_mod.settings_from_engine(engine, draft_length=opts["draft_length"],
+                                             seed=base.seed),
+            anchors_mod.anchor_prompts(engine, prompts, max_tokens))
 
 
-def _run_anchors(anchors: dict, bin_dir: Path, settings, prompts, repeats: int) -> None:
+def _run_anchors(anchors: dict, bin_dir: Path, settings: anchors_mod.AnchorSettings,
+                 prompts: Sequence[anchors_mod.AnchorPrompt], repeats: int) -> None:
+    """Run llama.cpp's tools into ``anchors`` (:func:`edgespec.bench.anchors.run_anchors`), with
+    a progress bar and the prompt files in a temporary directory."""
     import tempfile
 
     from tqdm import tqdm
 
-    from ..bench.anchors import find_tools, run_anchors, unusable_reason
-
-    tools = find_tools(bin_dir)
-    usable = [t for t, exe in tools.items() if unusable_reason(t, exe, settings, bin_dir) is None]
+    tools = anchors_mod.find_tools(bin_dir)
+    usable = [t for t, exe in tools.items()
+              if anchors_mod.unusable_reason(t, exe, settings, bin_dir) is None]
     total = repeats * len(prompts) * len(usable)
     bar = tqdm(total=total, desc="llama.cpp tools", unit="run", file=sys.stderr,
                dynamic_ncols=True, disable=None)
 
-    def on_run(tool, prompt, repeat):
+    def on_run(tool: str, prompt: anchors_mod.AnchorPrompt, repeat: int) -> None:
         bar.update()
         bar.set_postfix_str(f"{prompt.id} {tool}")
 
     try:
         with tempfile.TemporaryDirectory(prefix="edgespec-anchors-") as tmp:
-            run_anchors(anchors, tools, settings, prompts, repeats, Path(tmp), on_run=on_run)
+            anchors_mod.run_anchors(anchors, tools, settings, prompts, repeats, Path(tmp),
+                                    on_run=on_run)
     finally:
         bar.close()
 
@@ -343,7 +353,7 @@ def _measure(engine, prompts, configs, repeats, temperatures, base, max_tokens, 
         options = getattr(engine.target, "options", None)
         reference = ReferenceRunner(getattr(engine.target, "path", None), engine.target.n_ctx,
                                     getattr(options, "n_threads", None) or config.default_threads(),
-                                    n_gpu_layers=getattr(options, "n_gpu_layers", 0))
+                                    n_gpu_layers=settings["n_gpu_layers"])
         settings["reference"] = {name: desc for name, desc in reference.describe().items()
                                  if Config(name) in configs}
     runners = Runners(EdgespecRunner(engine), reference)
