@@ -177,6 +177,8 @@ def llama_bench_command(exe: Path, s: AnchorSettings, prompt: AnchorPrompt) -> l
     prompt's length (minus its last token, which edgespec's first round scores), JSON lines."""
     return [str(exe), "-m", str(s.target), "-p", "0", "-n", str(prompt.max_tokens),
             "-d", str(max(prompt.n_tokens - 1, 0)), "-t", str(s.threads),
+            # llama-bench parses -ngl itself: a negative count is every layer (its memory
+            # fitting, -fitt, is off unless asked), so edgespec's -1 goes as it is, not "all"
             "-ngl", str(s.n_gpu_layers), "-fa", s.flash_attn,
             "-b", str(s.n_batch), "-ub", str(s.n_batch), "-r", "1", "-o", "jsonl"]
 
