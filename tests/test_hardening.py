@@ -438,6 +438,47 @@ def test_ctrl_c_while_starting_up():
     assert out == b""
 
 
+_INTERRUPT_IN_A_CALLBACK = """
+import builtins, gc, os, signal, sys, weakref
+import edgespec.__main__ as entry
+
+real_import = builtins.__import__
+
+class Token:
+    pass
+
+def hook(name, *args, **kwargs):
+    if name == "edgespec.cli.main":
+        builtins.__import__ = real_import
+        # the signal arrives while Python runs a weakref callback: a KeyboardInterrupt raised
+        # there would be printed as "Exception ignored" and lost
+        def cb(ref):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+        t = Token()
+        r = weakref.ref(t, cb)
+        del t
+        gc.collect()
+        print("the interrupt was lost", flush=True)
+    return real_import(name, *args, **kwargs)
+
+builtins.__import__ = hook
+sys.argv = ["edgespec", "--help"]
+entry.main()
+"""
+
+
+def test_ctrl_c_during_the_imports_is_never_lost():
+    """The race behind a flaky ``test_ctrl_c_while_starting_up``, made certain: SIGINT handled
+    inside a weakref callback during the CLI's imports still ends the program, quietly."""
+    res = subprocess.run([sys.executable, "-c", _INTERRUPT_IN_A_CALLBACK], capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 130, res.stderr
+    assert res.stderr == "\n[interrupted]\n"
+    assert "lost" not in res.stdout and "Usage" not in res.stdout
+
+
 @pytest.mark.real
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
 @pytest.mark.parametrize("as_json", [False, True], ids=["stream", "json"])
