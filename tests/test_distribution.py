@@ -378,3 +378,30 @@ def test_no_native_exp_when_switched_off():
                          cwd=root)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["ggml", "numpy"])
+@pytest.mark.parametrize("size", [5, 63, 64, 65, 130, 151_936 + 7])
+def test_tied_logits_get_equal_weights_wherever_they_sit(size, native, monkeypatch):
+    """ggml finishes a row's tail with scalar expf, which rounds differently from its SIMD
+    loop: exp_shifted must give tied logits the same weight anywhere in the row, or a tie
+    at a top-p cut would not go to the lowest id (found by the wide-row property test)."""
+    if not native:
+        monkeypatch.setattr(sampling, "exp_kernel", lambda: None)
+    x = np.zeros(size, np.float32)
+    x[::3] = -1.7
+    out = np.empty_like(x)
+    sampling.exp_shifted(x * np.float32(4.0), 4.0, out)
+    assert np.unique(out[x == 0]).size == 1 and np.unique(out[x != 0]).size == 1
+
+
+def test_a_tie_at_the_top_p_cut_goes_to_the_lowest_ids_on_the_dense_path():
+    row = np.array([0.0] * 9 + [1.0], np.float32)  # the case hypothesis found
+    params = SamplingParams(temperature=0.25, top_p=0.9)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_MAX_CANDIDATES", 0)
+        mp.setattr(sampling, "_NUCLEUS_GUESS", 1)
+        mp.setattr(sampling, "_SAMPLE", 16)
+        mp.setattr(sampling, "_BRACKET", 1)
+        got = distribution(row, params).dense()
+    assert np.flatnonzero(got).tolist() == [0, 1, 2, 9]

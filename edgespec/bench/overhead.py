@@ -54,7 +54,8 @@ class SyntheticModel:
     benchmark subtracts like the real engine subtracts llama.cpp's time. Like the real backend,
     it hands out its rows in one output buffer that every decode reuses (valid until the next
     decode): a fresh array per decode would add the cost of first touching new memory to the
-    reads that follow, which llama.cpp's buffer does not have. Greedy picks come from
+    reads that follow, which llama.cpp's buffer does not have. The rows are read-only views,
+    as the backend's are (NumPy copies such an array before an ``argmax``). Greedy picks come from
     ``decode_argmax`` as the real backend's do (llama.cpp's backend sampling computes them in its
     graph): each pool row's arg-max is known in advance, so they cost the loop nothing either.
     """
@@ -85,7 +86,9 @@ class SyntheticModel:
         out = self._out[: len(rows)]
         np.take(self.pool, rows, axis=0, out=out)
         self.decode_seconds += time.perf_counter() - t0
-        return out
+        view = out.view()
+        view.flags.writeable = False  # as the real backend's (NumPy treats those differently)
+        return view
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         t0 = time.perf_counter()

@@ -88,8 +88,13 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     if x.ndim != 1:
         raise ValueError(f"distribution() takes one row of logits, got shape {x.shape}")
     n = n_vocab or x.size
-    i = int(np.argmax(x))  # the first NaN if there is one
-    top = float(x[i])
+    if params.greedy:
+        i = int(np.argmax(x))  # the first NaN if there is one
+        top = float(x[i])
+    else:
+        # max, not argmax: NumPy's argmax copies a read-only array first, and llama.cpp's rows
+        # are read-only views of its buffer (a copy would cost one more pass over the row)
+        top = float(x.max())  # NaN if there is one
     if top != top or top == np.inf:  # NaN (raises) or +inf logits: the reference handles it
         return _from_dense(process(x, params))
     if top == -np.inf:
@@ -327,6 +332,10 @@ def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
     return Dense(w, n, total)
 
 
+#: a multiple of every SIMD width ggml's exp kernel has (4, 8 or 16 floats)
+_SIMD_ALIGN = 64
+
+
 def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray) -> float | None:
     """``out = exp(x - shift)`` for float32 arrays; returns the sum of ``out`` where the fast
     kernel gives it for free (``None`` otherwise).
@@ -337,7 +346,18 @@ def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray) -> float | None:
     kernel = exp_kernel()
     if (kernel is not None and x.dtype == out.dtype == np.float32 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):
-        return kernel(x.size, out.ctypes.data, x.ctypes.data, shift)
+        # ggml finishes a row's last few values (past its SIMD width) with the C library's
+        # scalar expf, which rounds differently: two tied logits would get different weights
+        # and the tie would no longer go to the lowest id. So the kernel only ever sees whole
+        # blocks of _SIMD_ALIGN, and the tail goes through it padded with -inf (weight 0).
+        m = x.size - x.size % _SIMD_ALIGN
+        total = kernel(m, out.ctypes.data, x.ctypes.data, shift) if m else 0.0
+        if m < x.size:
+            tail = np.full(_SIMD_ALIGN, -np.inf, np.float32)
+            tail[: x.size - m] = x[m:]
+            total += kernel(_SIMD_ALIGN, tail.ctypes.data, tail.ctypes.data, shift)
+            out[m:] = tail[: x.size - m]
+        return total
     with np.errstate(under="ignore"):
         if shift:
             np.subtract(x, np.float32(shift), out=out)
