@@ -138,23 +138,35 @@ def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float) -> np.ndarray
         return np.exp((x[ids].astype(np.float64) - top) / t)
 
 
+def _descending_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Positions of the candidates by descending weight, ties: lowest id first."""
+    return np.lexsort((ids, -w))
+
+
 def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams,
-              total: float | None, n: int, w: np.ndarray | None = None) -> AnyDist:
+              dense: Dense | None, n: int, w: np.ndarray | None = None,
+              order: np.ndarray | None = None) -> AnyDist:
     """Apply top-k, top-p and min-p to the candidates ``ids`` (ascending, a superset of every
-    token the filters can keep); ``total``: the weight of the whole row when top-p needs it
-    and top-k does not bound the set first; ``w``: the candidates' weights, if known."""
+    token the filters can keep); ``dense``: the whole row's weights when top-p needs their
+    total and top-k does not bound the set first; ``w``: the candidates' weights, if known,
+    and ``order`` their :func:`_descending_order`, if known."""
     if w is None:
         w = _weights(x, ids, top, params.temperature)
     if params.top_k and params.top_k < ids.size or params.top_p < 1.0:
-        order = np.lexsort((ids, -w))  # descending weight, ties: lowest id first
+        if order is None:
+            order = _descending_order(ids, w)
         if params.top_k and params.top_k < ids.size:
             order = order[: params.top_k]
-            total = None
+            dense = None
         if params.top_p < 1.0:
             ws = w[order]
             cum = np.cumsum(ws)
-            mass = cum[-1] if total is None else total
-            order = order[(cum - ws) < params.top_p * mass]
+            before = cum - ws
+            mass = cum[-1] if dense is None else dense.total
+            if dense is not None and np.any(
+                    np.abs(before - params.top_p * mass) <= _TOTAL_ERR * mass):
+                mass = _precise_total(dense, ids, w)
+            order = order[before < params.top_p * mass]
         keep = np.sort(order)
         ids, w = ids[keep], w[keep]
     cut = w > 0.0  # -inf logits (or weights below float64's range) were never candidates
@@ -162,6 +174,23 @@ def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams
         cut &= w >= params.min_p * w.max()
     ids, w = ids[cut], w[cut]
     return Sparse(ids, w / w.sum(), n)
+
+
+#: how far (relative) a Dense total can be from the float64 one: float32 weights, and ggml's
+#: kernel sums each SIMD register's lanes in float32 before it accumulates in double
+_TOTAL_ERR = 4e-6
+
+
+def _precise_total(dense: Dense, ids: np.ndarray, w: np.ndarray) -> float:
+    """The row's total weight with the candidates' float64 weights ``w`` (at ``ids``) and the
+    rest summed in float64 from the float32 weights: rounding left only on the rest.
+
+    For a top-p cut that falls within :data:`_TOTAL_ERR` of a candidate's mass (ties at the
+    cut: two equal tokens and top_p 0.5): there the float32 total would decide a different
+    support than the definition's float64 one.
+    """
+    rest = float(dense.w.sum(dtype=np.float64)) - float(dense.w[ids].sum(dtype=np.float64))
+    return float(w.sum()) + max(rest, 0.0)
 
 
 #: top-p on a wide row first looks for its nucleus among (a superset of) this many most
@@ -177,7 +206,7 @@ _MARGIN = 1e-6
 def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDist:
     """top-p without top-k: the normaliser is the whole row's weight."""
     t = params.temperature
-    ids, w = None, None  # candidates whose weights were computed, if any
+    ids, w, order = None, None, None  # candidates whose weights (and order) were computed
     minp_ids = None
     if params.min_p > 0.0:
         # min-p keeps a prefix of the same descending order as top-p: the shorter prefix wins,
@@ -195,17 +224,21 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
         ids, floor = _top_candidates(x, _NUCLEUS_GUESS)
         if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
             w = _weights(x, ids, top, t)
-            found = _bounded(x, top, params, ids, w, floor, False, n)
-            if found is not None:
-                return found
+            if ids.size == x.size or _high(x, top, params, ids, w, floor) < float(w.sum()):
+                # not flat: the order is worth computing, and serves _filtered too if the
+                # candidates alone do not decide
+                order = _descending_order(ids, w)
+                found = _bounded(x, top, params, ids, w, floor, False, n, order)
+                if found is not None:
+                    return found
     # The cut depends on the weight outside the candidates: one float32 pass gives every
     # weight and the total.
     d = _dense(x, top, t, n)
     if minp_ids is not None:
-        return _filtered(x, top, minp_ids, params, d.total, n, w if ids is minp_ids else None)
-    if w is not None and w.sum() >= params.top_p * d.total * (1 + _MARGIN):
+        return _filtered(x, top, minp_ids, params, d, n, w if ids is minp_ids else None)
+    if w is not None and w.sum() >= params.top_p * d.total * (1 + _TOTAL_ERR):
         # the nucleus is a prefix of these
-        return _filtered(x, top, ids, params, d.total, n, w)
+        return _filtered(x, top, ids, params, d, n, w, order)
     # A flat row: the nucleus holds a large part of the vocabulary, and stays dense (the
     # dropped weights are zeroed).
     return _bracketed(x, d, top, params, n) or _binned(x, d, top, params, n)
@@ -216,10 +249,20 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
 _EPS = 1e-12
 
 
+def _high(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
+          w: np.ndarray, floor: float) -> float:
+    """The most mass the nucleus can need, as seen from the candidates ``ids`` (weights
+    ``w``; every other logit below ``floor``): top_p times the largest total the row can have."""
+    with np.errstate(under="ignore", over="ignore"):
+        rest = (x.size - ids.size) * math.exp(min((floor - top) / params.temperature, 700.0))
+    return params.top_p * (float(w.sum()) + rest) * (1 + _EPS)
+
+
 def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
-             w: np.ndarray, floor: float, final: bool, n: int) -> Sparse | None:
-    """The nucleus among the candidates ``ids`` (ascending; float64 weights ``w``), if their
-    weights alone decide it.
+             w: np.ndarray, floor: float, final: bool, n: int,
+             order: np.ndarray | None = None) -> Sparse | None:
+    """The nucleus among the candidates ``ids`` (ascending; float64 weights ``w``; ``order``:
+    their :func:`_descending_order`, if known), if their weights alone decide it.
 
     Every other logit is below ``floor``, so the row's total weight lies between the
     candidates' ``W`` and ``W + (V - |ids|) * exp((floor - top) / T)``. The nucleus keeps a
@@ -230,13 +273,11 @@ def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
     """
     outside = x.size - ids.size
     if outside:
-        with np.errstate(under="ignore", over="ignore"):
-            rest = outside * math.exp(min((floor - top) / params.temperature, 700.0))
-        total = float(w.sum())
-        high = params.top_p * (total + rest) * (1 + _EPS)
-        if high >= total and not final:  # (a flat row: the nucleus may reach past them)
+        high = _high(x, top, params, ids, w, floor)
+        if high >= float(w.sum()) and not final:  # (a flat row: the nucleus may reach past them)
             return None
-    order = np.lexsort((ids, -w))  # descending weight, ties: lowest id first
+    if order is None:
+        order = _descending_order(ids, w)
     ws = w[order]
     cum = np.cumsum(ws)
     before = cum - ws
@@ -278,14 +319,20 @@ def _bracketed(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
     if r < _BRACKET or r + _BRACKET >= sample_.size:
         return None
     lo, hi = sample_[r - _BRACKET], sample_[r + _BRACKET]
-    above = w > hi
-    kept = w * above  # (masked sums and stores are several times slower than products)
-    mass_above = float(block_sums(kept).sum())
-    from_lo = w >= lo
-    band = np.flatnonzero(from_lo[: x.size] ^ above[: x.size])
-    if not (mass_above < goal <= mass_above + float(w[band].sum(dtype=np.float64))):
+    # In place, with no new row-sized array: a 152k row and its weights already overflow a
+    # 512 KiB L2, so every extra pass or temporary costs a trip to L3. Below the band is
+    # dropped first (masked sums and stores are several times slower than products); the
+    # mass above the band is then what is left minus the band.
+    band_mask = w >= lo
+    np.multiply(w, band_mask, out=w)
+    mass_from_lo = float(block_sums(w).sum())
+    band_mask ^= w > hi
+    band = np.flatnonzero(band_mask[: x.size])
+    mass_above = mass_from_lo - float(w[band].sum(dtype=np.float64))
+    if not mass_above < goal <= mass_from_lo:
+        # (the sample misjudged the cut: rare; the caller goes on from the weights, whole again)
+        _dense_into(x, top, params.temperature, d.w[: x.size])
         return None
-    np.multiply(w, from_lo, out=w)  # below the band: dropped
     return _cut_band(x, d, top, params, band, mass_above, n)
 
 
@@ -320,16 +367,18 @@ def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
     size = -(-x.size // BLOCK) * BLOCK
     w = np.empty(size, np.float32)
     w[x.size:] = 0.0
-    v = w[: x.size]
+    return Dense(w, n, _dense_into(x, top, t, w[: x.size]))
+
+
+def _dense_into(x: np.ndarray, top: float, t: float, v: np.ndarray) -> float | None:
+    """``v = exp((x - top) / t)`` in float32; their sum where the exp kernel gives it."""
     if t == 1.0:
-        total = exp_shifted(x, top, v)
-    else:
-        # (x - top) first, then the scale: a likely token's exponent keeps its digits (x/T
-        # first would round it to ~1e-7 of x/T, 2e-6 of the weight for logits near 20)
-        np.subtract(x, np.float32(top), out=v)
-        np.multiply(v, np.float32(1.0 / t), out=v)
-        total = exp_shifted(v, 0.0, v)
-    return Dense(w, n, total)
+        return exp_shifted(x, top, v)
+    # (x - top) first, then the scale: a likely token's exponent keeps its digits (x/T
+    # first would round it to ~1e-7 of x/T, 2e-6 of the weight for logits near 20)
+    np.subtract(x, np.float32(top), out=v)
+    np.multiply(v, np.float32(1.0 / t), out=v)
+    return exp_shifted(v, 0.0, v)
 
 
 #: a multiple of every SIMD width ggml's exp kernel has (4, 8 or 16 floats)
