@@ -187,6 +187,32 @@ def test_full_vocabulary_rows(top, mode):
         assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
 
+def test_top_k_candidates_look_deeper_when_the_sample_guesses_too_high(monkeypatch):
+    # peaks planted where the strided sample looks (every 37th id of a 152k row): the sample's
+    # 5th value, the first guess for k = 40, is a peak with fewer than 40 logits above it.
+    # The candidates must still be a small superset (the whole row's sort costs ~18 ms), with
+    # every other logit below their floor
+    row = vocab_row(top=9.0)
+    stride = row.size // 4096
+    row[np.arange(8) * stride * 100] = 20.0 + np.arange(8, dtype=np.float32)
+    ids, floor = sampling._top_candidates(row, 40)
+    assert 40 <= ids.size < 4_000
+    top40 = np.argsort(-row, kind="stable")[:40]
+    assert np.isin(top40, ids).all()
+    outside = np.ones(row.size, bool)
+    outside[ids] = False
+    assert row[outside].max() < floor <= row[ids].min()
+    monkeypatch.setattr(sampling, "_descending_order", _refuse_wide(sampling._descending_order))
+    assert_same(row, SamplingParams(temperature=0.8, top_k=40))
+
+
+def _refuse_wide(order):
+    def checked(ids, w):
+        assert ids.size < 4_000, "sorted the whole row"
+        return order(ids, w)
+    return checked
+
+
 @pytest.mark.parametrize("min_p", [0.0, 0.05])
 def test_a_confident_row_finds_its_nucleus_without_weighing_the_whole_row(min_p, monkeypatch):
     # the weight outside ~1,000 candidates is bounded well enough to place the cut: no float32

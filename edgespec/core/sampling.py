@@ -119,18 +119,24 @@ def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     floor every other logit is below (``-inf`` when the ids are the whole row).
 
     The threshold is guessed from a strided sample of the row (its value of rank ~4k + 16 when
-    scaled up), then checked: at least k ids at or above it, else the whole row.
+    scaled up), then checked: at least k ids at or above it, else a guess 4x deeper in the
+    sample, and the whole row only when the sample runs out.
     """
     stride = max(1, x.size // 4096)
     sample_ = x[::stride]
     rank = -(-(4 * k + 16) // stride)
-    if rank < sample_.size:
-        part = sample_.copy()  # (array methods: NumPy's function wrappers cost µs a call)
+    part = None
+    while rank < sample_.size:
+        # (k = 40 in a 152k row is rank 5 of the sample: the count above it is ~Gamma(5, 37),
+        # under 40 for ~0.5% of rows, and the whole row's sort then costs ~18 ms)
+        if part is None:
+            part = sample_.copy()  # (array methods: NumPy's function wrappers cost µs a call)
         part.partition(sample_.size - rank)
         guess = part[sample_.size - rank]
         ids = (x >= guess).nonzero()[0]
         if ids.size >= k:
             return ids, float(guess)
+        rank *= 4
     return np.arange(x.size), -math.inf
 
 
