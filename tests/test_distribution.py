@@ -141,9 +141,9 @@ def test_a_bracket_that_misses_leaves_the_weights_whole(monkeypatch):
 
 
 def test_a_bracket_that_misses_tries_a_wider_band_before_the_bins(monkeypatch):
-    # row 54 of the overhead bench's pool: its sample puts the cut 24 ranks too low (the
-    # estimate's error is ~1% of the tail's mass); 4x as many ranks hold it, and the bins
-    # (~2.5 ms) are not needed
+    # row 54 of the overhead bench's pool: its sample puts the cut more than 24 ranks too low
+    # (the estimate of the tail's mass is off by a few percent); 4x as many ranks hold it, and
+    # the bins (~2.5 ms) are not needed
     from edgespec.bench.overhead import make_pools
 
     row = make_pools(151_936)[0][54]
