@@ -232,11 +232,12 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
         ids, floor = _top_candidates(x, _NUCLEUS_GUESS)
         if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
             w = _weights(x, ids, top, t)
-            if ids.size == x.size or _high(x, top, params, ids, w, floor) < float(w.sum()):
+            high = _high(x, top, params, ids, w, floor)
+            if ids.size == x.size or high < float(w.sum()):
                 # not flat: the order is worth computing, and serves _filtered too if the
                 # candidates alone do not decide
                 order = _descending_order(ids, w)
-                found = _bounded(x, top, params, ids, w, floor, False, n, order)
+                found = _bounded(x, top, params, ids, w, floor, False, n, order, high)
                 if found is not None:
                     return found
     # The cut depends on the weight outside the candidates: one float32 pass gives every
@@ -268,9 +269,10 @@ def _high(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
 
 def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
              w: np.ndarray, floor: float, final: bool, n: int,
-             order: np.ndarray | None = None) -> Sparse | None:
+             order: np.ndarray | None = None, high: float | None = None) -> Sparse | None:
     """The nucleus among the candidates ``ids`` (ascending; float64 weights ``w``; ``order``:
-    their :func:`_descending_order`, if known), if their weights alone decide it.
+    their :func:`_descending_order`, and ``high``: their :func:`_high`, if known), if their
+    weights alone decide it.
 
     Every other logit is below ``floor``, so the row's total weight lies between the
     candidates' ``W`` and ``W + (V - |ids|) * exp((floor - top) / T)``. The nucleus keeps a
@@ -281,7 +283,8 @@ def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
     """
     outside = x.size - ids.size
     if outside:
-        high = _high(x, top, params, ids, w, floor)
+        if high is None:
+            high = _high(x, top, params, ids, w, floor)
         if high >= float(w.sum()) and not final:  # (a flat row: the nucleus may reach past them)
             return None
     if order is None:
