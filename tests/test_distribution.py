@@ -93,24 +93,28 @@ close_rows = st.lists(st.one_of(st.floats(-1, 1, width=32), st.sampled_from([0.0
 @settings(max_examples=600, deadline=None)
 @given(st.one_of(rows, close_rows).filter(lambda r: np.any(r > -np.inf)),
        params_st.filter(lambda p: not p.greedy), st.sampled_from([1, 3, 8]),
-       st.sampled_from([(4096, 24), (16, 1), (8, 0), (32, 2), (0, 0)]))
-@example(np.zeros(40, np.float32), SamplingParams(temperature=1.0, top_p=0.5), 1, (0, 0))  # one bin
+       st.sampled_from([(4096, 24), (16, 1), (8, 0), (32, 2), (0, 0)]), st.booleans())
+@example(np.zeros(40, np.float32), SamplingParams(temperature=1.0, top_p=0.5), 1, (0, 0),
+         True)  # one bin
 @example(np.array([2.5] * 9 + [0.0] * 30, np.float32), SamplingParams(temperature=1.0, top_p=0.3),
-         3, (0, 0))  # the cut inside a tie
+         3, (0, 0), True)  # the cut inside a tie
 @example(np.linspace(0, -0.5, 100).astype(np.float32), SamplingParams(temperature=1.0, top_p=0.25),
-         1, (0, 0))  # the nucleus just past the candidates: 21 tokens, 20 candidates
+         1, (0, 0), False)  # the nucleus just past the candidates: 21 tokens, 20 candidates
 @example(np.array([0.0, -2.220446049250313e-16, 0.0], np.float32),
-         SamplingParams(temperature=3.0, top_p=0.5), 1, (4096, 24))  # weights 1 ulp apart
+         SamplingParams(temperature=3.0, top_p=0.5), 1, (4096, 24), True)  # weights 1 ulp apart
 @example(np.array([0.0 if i % 2 == 0 else -3 - 0.01 * i for i in range(200)], np.float32),
-         SamplingParams(temperature=1.0, top_p=0.99), 1, (100, 0))  # the sample (even ids)
-# sees no light token: the guessed band is above the cut, the check must send it to the bins
-def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket):
+         SamplingParams(temperature=1.0, top_p=0.99), 1, (100, 0), False)  # the sample (even
+# ids) sees no light token: the guessed band is above the cut, the check must send it to the bins
+def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket, key_sort):
     # Small rows made to take the paths of a wide one: every row counts as wide, and top-p
     # first looks among `guess` most likely tokens, then (a flat row) brackets the cut from a
     # strided sample of `bracket[0]` weights, `bracket[1]` sample ranks either side, and if
-    # that fails bins the float32 weights (a sample of 0: always the bins)
+    # that fails bins the float32 weights (a sample of 0: always the bins). `key_sort`: every
+    # descending order, however short, by the integer key instead of lexsort.
     sample_size, ranks = bracket
     with pytest.MonkeyPatch.context() as mp:
+        if key_sort:
+            mp.setattr(sampling, "_KEY_SORT_FROM", 0)
         mp.setattr(sampling, "_MAX_CANDIDATES", 0)  # no min-p shortcut
         mp.setattr(sampling, "_NUCLEUS_GUESS", guess)
         mp.setattr(sampling, "_SAMPLE", max(sample_size, 1))
@@ -120,6 +124,44 @@ def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket):
         got = distribution(row, params)
         rtol = 1e-5 if isinstance(got, Dense) else 1e-9
         assert_same(row, params, rtol=rtol, delta=1e-6)
+
+
+key_rows = st.lists(st.one_of(st.floats(-3, 3, width=32),
+                              st.sampled_from([0.0, -0.0, 1.0, -np.inf])),
+                    min_size=1, max_size=300).map(lambda v: np.array(v, np.float32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(key_rows, st.sampled_from([0.001, 0.01, 0.8, 3.0]), st.integers(0, 2**32 - 1))
+@example(np.array([0.0, -0.0, 0.0, -0.0], np.float32), 0.8, 0)  # one logit, two zeros
+# two logits 1 ulp apart, 0.74 below the top at T 0.001: float64 exp rounds both onto one
+# subnormal weight, and lexsort gives that tie to the lower id (here the lighter logit)
+@example(np.array([0.0, np.nextafter(np.float32(-0.74), np.float32(-1)), np.float32(-0.74)],
+                  np.float32), 0.001, 0)
+def test_the_integer_key_orders_like_lexsort(row, t, seed):
+    # _descending_order's key sort against the two-key lexsort it replaces, on ties, -0.0,
+    # -inf and weights that float64 rounds together, over a random subset of ids
+    rng = np.random.default_rng(seed)
+    ids = np.flatnonzero(rng.random(row.size) < 0.7)
+    top = float(row.max())
+    if ids.size == 0 or top == -np.inf:
+        return
+    w = sampling._weights(row, ids, top, t)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_KEY_SORT_FROM", 0)
+        got = sampling._descending_order(row, ids, w)
+    np.testing.assert_array_equal(got, np.lexsort((ids, -w)))
+
+
+def test_the_integer_key_is_used_for_long_candidate_sets(monkeypatch):
+    row = np.random.default_rng(3).normal(0, 2, 4000).astype(np.float32)
+    row[::7] = row[3]  # ties
+    ids = np.arange(row.size)
+    w = sampling._weights(row, ids, float(row.max()), 0.8)
+    monkeypatch.setattr(np, "lexsort", None)  # (the key path must not reach it)
+    got = sampling._descending_order(row, ids, w)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(got, np.lexsort((ids, -w)))
 
 
 def test_a_bracket_that_misses_leaves_the_weights_whole(monkeypatch):
@@ -224,9 +266,9 @@ def test_top_k_candidates_look_deeper_when_the_sample_guesses_too_high(monkeypat
 
 
 def _refuse_wide(order):
-    def checked(ids, w):
+    def checked(x, ids, w):
         assert ids.size < 4_000, "sorted the whole row"
-        return order(ids, w)
+        return order(x, ids, w)
     return checked
 
 

@@ -146,9 +146,36 @@ def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float) -> np.ndarray
         return np.exp((x[ids].astype(np.float64) - top) / t)
 
 
-def _descending_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Positions of the candidates by descending weight, ties: lowest id first."""
-    return np.lexsort((ids, -w))
+#: from this many candidates on, :func:`_descending_order` sorts one integer key instead of
+#: calling ``lexsort`` (two keys), whose cost grows faster: ~2x cheaper at 2,000, ~3x at 4,000;
+#: below, the key's few extra NumPy calls cost more than they save
+_KEY_SORT_FROM = 1500
+
+
+def _descending_order(x: np.ndarray, ids: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Positions of the candidates ``ids`` (ascending; float64 weights ``w`` of the logits
+    ``x[ids]``) by descending weight, ties: lowest id first."""
+    if ids.size < _KEY_SORT_FROM:
+        return np.lexsort((ids, -w))
+    # One int64 per candidate: the logit's float32 bits made to order like integers
+    # (descending) above, its position (so its id: ids ascend) below.
+    b = x[ids] + np.float32(0.0)  # (-0.0 becomes 0.0: the two are one logit)
+    b = b.view(np.int32)
+    b ^= (b >> 31) & 0x7FFFFFFF
+    key = (~b).astype(np.int64)
+    key <<= 32
+    key |= np.arange(ids.size)
+    key.sort()
+    order = key & 0xFFFFFFFF
+    # The weights follow the logits' order, unless float64's exp rounded two different logits
+    # onto one weight (the tie then belongs to the lower id) or was not monotone: lexsort.
+    ws = w[order]
+    if (ws[1:] > ws[:-1]).any():
+        return np.lexsort((ids, -w))
+    tied = ws[1:] == ws[:-1]
+    if tied.any() and (order[1:][tied] < order[:-1][tied]).any():
+        return np.lexsort((ids, -w))
+    return order
 
 
 def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams,
@@ -162,7 +189,7 @@ def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams
         w = _weights(x, ids, top, params.temperature)
     if params.top_k and params.top_k < ids.size or params.top_p < 1.0:
         if order is None:
-            order = _descending_order(ids, w)
+            order = _descending_order(x, ids, w)
         if params.top_k and params.top_k < ids.size:
             order = order[: params.top_k]
             dense = None
@@ -236,7 +263,7 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
             if ids.size == x.size or high < float(w.sum()):
                 # not flat: the order is worth computing, and serves _filtered too if the
                 # candidates alone do not decide
-                order = _descending_order(ids, w)
+                order = _descending_order(x, ids, w)
                 found = _bounded(x, top, params, ids, w, floor, False, n, order, high)
                 if found is not None:
                     return found
@@ -288,7 +315,7 @@ def _bounded(x: np.ndarray, top: float, params: SamplingParams, ids: np.ndarray,
         if high >= float(w.sum()) and not final:  # (a flat row: the nucleus may reach past them)
             return None
     if order is None:
-        order = _descending_order(ids, w)
+        order = _descending_order(x, ids, w)
     ws = w[order]
     cum = ws.cumsum()
     before = cum - ws
@@ -371,7 +398,7 @@ def _cut_band(x: np.ndarray, d: Dense, top: float, params: SamplingParams, band:
     """Keep the band's tokens, in descending order (ties: lowest id), while the mass before
     them is short of top_p; zero the rest of the band."""
     wb = _weights(x, band, top, params.temperature)
-    order = np.lexsort((band, -wb))
+    order = _descending_order(x, band, wb)
     ws = d.w[band[order]].astype(np.float64)
     before = mass_above + np.cumsum(ws) - ws
     d.w[band[order[before >= params.top_p * d.total]]] = 0.0
