@@ -246,6 +246,34 @@ def test_full_vocabulary_rows(top, mode):
         assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
 
+def test_a_flat_row_skips_the_candidates(monkeypatch):
+    # a wide nucleus (top 9: most of the weight in the bulk): the sample says so, and no pass
+    # looks for candidates that could not hold it
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    row = vocab_row(top=9.0)
+
+    def candidates_weighed(*args):
+        raise AssertionError("the candidates were weighed")
+
+    monkeypatch.setattr(sampling, "_high", candidates_weighed)
+    assert isinstance(distribution(row, params), Dense)
+    monkeypatch.undo()
+    assert_same(row, params, rtol=1e-5, delta=1e-6)
+
+
+@pytest.mark.parametrize("top", [14.0, 20.0])
+def test_a_row_judged_flat_wrongly_still_gets_its_exact_nucleus(top, monkeypatch):
+    # every row judged flat: a confident one then takes the flat path (its cut among the few
+    # heaviest tokens, where the sample has none: the bins) and must still be exact
+    monkeypatch.setattr(sampling, "_FLAT_FACTOR", 0.0)
+    row = vocab_row(top=top)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    got = distribution(row, params)
+    assert isinstance(got, Dense)
+    assert_same(row, params, rtol=1e-5, delta=1e-6)
+    assert np.count_nonzero(got.dense()) == np.count_nonzero(process(row, params))
+
+
 def test_top_k_candidates_look_deeper_when_the_sample_guesses_too_high(monkeypatch):
     # peaks planted where the strided sample looks (every 37th id of a 152k row): the sample's
     # 5th value, the first guess for k = 40, is a peak with fewer than 40 logits above it.

@@ -114,13 +114,21 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     return _filtered(x, top, ids, params, None, n)
 
 
-def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+def _top_candidates(x: np.ndarray, k: int,
+                    flat: tuple[float, float, float] | None = None
+                    ) -> tuple[np.ndarray, float] | None:
     """Ids of a superset of the k largest logits (all ids tied with the k-th included), and a
     floor every other logit is below (``-inf`` when the ids are the whole row).
 
     The threshold is guessed from a strided sample of the row (its value of rank ~4k + 16 when
     scaled up), then checked: at least k ids at or above it, else a guess 4x deeper in the
     sample, and the whole row only when the sample runs out.
+
+    ``flat``: ``(top, T, share)``: first judge from the sample whether the tokens below the
+    guess hold more than ``share`` of the row's weight, and if they do, return ``None`` without
+    a pass over the row (a top-p nucleus then reaches far past the candidates: they are not
+    worth finding). A guess that only steers the work: a row judged wrongly either way still
+    gets its exact result, at the cost of the other path.
     """
     stride = max(1, x.size // 4096)
     sample_ = x[::stride]
@@ -131,13 +139,49 @@ def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
         # under 40 for ~0.5% of rows, and the whole row's sort then costs ~18 ms)
         if part is None:
             part = sample_.copy()  # (array methods: NumPy's function wrappers cost µs a call)
-        part.partition(sample_.size - rank)
+            part.partition(sample_.size - rank)
+            if flat is not None and _looks_flat(part, sample_.size - rank, stride, *flat):
+                return None
+        else:
+            part.partition(sample_.size - rank)
         guess = part[sample_.size - rank]
         ids = (x >= guess).nonzero()[0]
         if ids.size >= k:
             return ids, float(guess)
         rank *= 4
     return np.arange(x.size), -math.inf
+
+
+#: a row is judged flat when the sample puts more than this many times top-p's tail share of
+#: the weight below the candidates (the sample misses the few heaviest tokens but the top one,
+#: so it overstates that share on a confident row: the factor keeps those off the flat path)
+_FLAT_FACTOR = 1.5
+
+
+def _looks_flat(part: np.ndarray, cut: int, stride: int, top: float, t: float,
+                share: float) -> bool:
+    """Whether the sample ``part`` (partitioned at ``cut``: the candidates' guess) puts more
+    than ``share`` of the row's weight below the guess."""
+    if stride < 8:  # a short row: its candidates are cheap
+        return False
+    with np.errstate(under="ignore", over="ignore"):
+        # no row can be flat whose every token below the guess weighing as much as the guess
+        # (the top token weighs 1) leaves the share unreached: a confident row, judged free
+        if cut * stride * math.exp(min((float(part[cut]) - top) / t, 700.0)) <= share:
+            return False
+        # the weight below the guess from every 4th of the sample's values there (~1,000:
+        # its exp costs less than the calls around it), the weight above from all of them
+        v = part[:cut:4] - np.float32(top)
+        v *= np.float32(1.0 / t)
+        np.exp(v, out=v)
+        below = float(v.sum()) * 4 * stride
+        v = part[cut:] - np.float32(top)
+        v *= np.float32(1.0 / t)
+        np.exp(v, out=v)
+        above = float(v.sum()) * stride
+    # the top token's weight (1) counts once, as the whole row's heaviest: the sample has it
+    # only by chance
+    return below > share * (below + above + 1.0)
 
 
 def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float) -> np.ndarray:
@@ -255,8 +299,13 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
                 return found
     # (with min-p, its support's bound was tried: if it did not decide, the row is flat enough
     # that a wider candidate set rarely does)
+    cands = None
     if minp_ids is None or minp_ids.size > _MAX_CANDIDATES:
-        ids, floor = _top_candidates(x, _NUCLEUS_GUESS)
+        # (no flat guess with min-p: its own support's bound has just been tried)
+        share = min(_FLAT_FACTOR * (1.0 - params.top_p), 1.0)
+        cands = _top_candidates(x, _NUCLEUS_GUESS, (top, t, share) if minp_ids is None else None)
+    if cands is not None:
+        ids, floor = cands
         if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
             w = _weights(x, ids, top, t)
             high = _high(x, top, params, ids, w, floor)
