@@ -256,9 +256,13 @@ def test_a_flat_row_skips_the_candidates(monkeypatch):
         raise AssertionError("the candidates were weighed")
 
     monkeypatch.setattr(sampling, "_high", candidates_weighed)
-    assert isinstance(distribution(row, params), Dense)
+    got = distribution(row, params)
+    assert isinstance(got, Dense)
     monkeypatch.undo()
     assert_same(row, params, rtol=1e-5, delta=1e-6)
+    # its total is the kept weight, known without block sums (built only if it is sampled)
+    assert got._blocks is None
+    assert got.total == pytest.approx(float(got.w.sum(dtype=np.float64)), rel=1e-6)
 
 
 @pytest.mark.parametrize("top", [14.0, 20.0])

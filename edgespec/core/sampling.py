@@ -445,13 +445,15 @@ def _binned(x: np.ndarray, d: Dense, top: float, params: SamplingParams, n: int)
 def _cut_band(x: np.ndarray, d: Dense, top: float, params: SamplingParams, band: np.ndarray,
               mass_above: float, n: int) -> Dense:
     """Keep the band's tokens, in descending order (ties: lowest id), while the mass before
-    them is short of top_p; zero the rest of the band."""
+    them is short of top_p; zero the rest of the band. The kept mass is the result's total:
+    its block sums wait until it is sampled (a target row asked only ``prob`` of its draft)."""
     wb = _weights(x, band, top, params.temperature)
     order = _descending_order(x, band, wb)
     ws = d.w[band[order]].astype(np.float64)
-    before = mass_above + np.cumsum(ws) - ws
-    d.w[band[order[before >= params.top_p * d.total]]] = 0.0
-    return Dense(d.w, n)
+    drop = mass_above + np.cumsum(ws) - ws >= params.top_p * d.total
+    d.w[band[order[drop]]] = 0.0
+    ws[drop] = 0.0
+    return Dense(d.w, n, mass_above + float(ws.sum()))
 
 
 def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
