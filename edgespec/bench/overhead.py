@@ -25,6 +25,7 @@ from ..core.lookup import common_prefix
 from ..core.policy import CostEstimate, Policy
 from ..core.sampling import SamplingParams, make_rng
 from ..core.stats import Stats
+from ..runtime.allocator import keep_freed_memory
 from ..runtime.drafters import make_drafter
 from ..runtime.loop import prefill, rounds
 
@@ -154,6 +155,7 @@ class OverheadResult:
 def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
             n_tokens: int, seed: int = 0) -> OverheadResult:
     """Generate ``n_tokens`` with one configuration; return its host time (best of warm runs)."""
+    keep_freed_memory()  # as the engine does
     target_pool, draft_pool, _ = pools
     params = SAMPLINGS[label]
     params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)

@@ -25,6 +25,7 @@ from ..core.sampling import SamplingParams, make_rng
 from ..core.stats import Stats
 from ..core.textstream import TextStream
 from ..errors import ConfigError, ContextOverflowError, EdgespecError, IncompatibleDraftError
+from .allocator import keep_freed_memory
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
 from .loop import prefill, rounds
 from .rpc import DEFAULT_RPC_TIMEOUT_S
@@ -178,6 +179,7 @@ class Engine:
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
     ) -> None:
+        keep_freed_memory()  # (row-sized temporaries every token: no page faults for them)
         self.target = target
         self.draft = draft
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
