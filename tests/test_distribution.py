@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edgespec.core import dist, rejection, sampling
-from edgespec.core.dist import Dense, Exact, OneHot, Sparse
+from edgespec.core.dist import Dense, Exact, OneHot, Sparse, Truncated
 from edgespec.core.rejection import residual, sample_residual, verify
 from edgespec.core.sampling import SamplingParams, distribution, process, sample
 from edgespec.errors import LogitsError
@@ -122,7 +122,7 @@ def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket, k
             mp.setattr(sampling, "_bracketed", lambda *a: None)
         mp.setattr(sampling, "_BRACKET", ranks)
         got = distribution(row, params)
-        rtol = 1e-5 if isinstance(got, Dense) else 1e-9
+        rtol = 1e-5 if isinstance(got, (Dense, Truncated)) else 1e-9
         assert_same(row, params, rtol=rtol, delta=1e-6)
 
 
@@ -194,7 +194,9 @@ def test_a_bracket_that_misses_tries_a_wider_band_before_the_bins(monkeypatch):
     dense_into = sampling._dense_into
     monkeypatch.setattr(sampling, "_dense_into", lambda *a: restored.append(1) or dense_into(*a))
     monkeypatch.setattr(sampling, "_binned", None)
-    assert isinstance(distribution(row, params), Dense)
+    got = distribution(row, params)
+    assert isinstance(got, Truncated)
+    assert isinstance(got.listed(), Dense)
     assert len(restored) == 2  # the weights, then once more after the first band missed
     assert_same(row, params, rtol=1e-5, delta=1e-6)
 
@@ -241,7 +243,7 @@ def test_full_vocabulary_rows(top, mode):
     with pytest.MonkeyPatch.context() as mp:
         # the flat row's cut is found by the bracket, not the bins' fallback
         mp.setattr(sampling, "_binned", None)
-        dense = isinstance(distribution(row, params), Dense)
+        dense = isinstance(distribution(row, params), (Dense, Truncated))
         assert dense == (mode == "t0.8" or (mode == "top_p0.95" and top == 9.0))
         assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
@@ -257,10 +259,12 @@ def test_a_flat_row_skips_the_candidates(monkeypatch):
 
     monkeypatch.setattr(sampling, "_high", candidates_weighed)
     got = distribution(row, params)
-    assert isinstance(got, Dense)
+    assert isinstance(got, Truncated)
     monkeypatch.undo()
     assert_same(row, params, rtol=1e-5, delta=1e-6)
-    # its total is the kept weight, known without block sums (built only if it is sampled)
+    # listed, its total is the kept weight, known without block sums (built only if it is
+    # sampled)
+    got = got.listed()
     assert got._blocks is None
     assert got.total == pytest.approx(float(got.w.sum(dtype=np.float64)), rel=1e-6)
 
@@ -273,7 +277,7 @@ def test_a_row_judged_flat_wrongly_still_gets_its_exact_nucleus(top, monkeypatch
     row = vocab_row(top=top)
     params = SamplingParams(temperature=0.8, top_p=0.95)
     got = distribution(row, params)
-    assert isinstance(got, Dense)
+    assert isinstance(got, Truncated)
     assert_same(row, params, rtol=1e-5, delta=1e-6)
     assert np.count_nonzero(got.dense()) == np.count_nonzero(process(row, params))
 
@@ -391,6 +395,66 @@ def test_dense_sampling_catches_a_wrong_sampler():
     wrong[-256:] = 0
     wrong /= wrong.sum()
     assert chi2_pvalue(draws(lambda r: sample(wrong, r)), as_expected(probs)) < ALPHA
+
+
+def test_a_flat_rows_nucleus_is_sampled_without_listing_it():
+    # top 9: the nucleus is ~100k tokens; drawing from it tests each draw's membership (one
+    # pass) instead of listing it (several)
+    row = vocab_row(top=9.0)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    d = distribution(row, params)
+    assert isinstance(d, Truncated)
+    rng = np.random.default_rng(0)
+    got = [d.sample(rng) for _ in range(200)]
+    assert d._listed is None
+    support = process(row, params) > 0
+    assert support[got].all()
+
+
+def test_the_membership_test_agrees_with_the_listed_nucleus():
+    row = vocab_row(top=9.0)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    lazy, listed = distribution(row, params), distribution(row, params).listed()
+    kept = np.flatnonzero(listed.w[: row.size])
+    dropped = np.flatnonzero(listed.w[: row.size] == 0)
+    # the tokens either side of the cut (where a wrong sum would show), and others
+    near = np.concatenate([kept[np.argsort(row[kept])[:100]],
+                           dropped[np.argsort(row[dropped])[-100:]],
+                           np.random.default_rng(0).choice(row.size, 100, replace=False)])
+    calls = [lazy._inside(int(y)) for y in near]
+    decided = [(int(y), c) for y, c in zip(near, calls) if c is not None]
+    assert len(decided) >= 0.9 * len(near)  # (undecided: within 1e-5 of the mass of the cut)
+    assert all(c == (listed.w[y] > 0) for y, c in decided)
+
+
+@pytest.mark.parametrize("case", ["tested", "undecided", "gives-up"])
+def test_a_truncated_row_samples_its_nucleus(case, monkeypatch):
+    # a 3,000-token row made to take the flat path; every draw decided by the membership
+    # test, or none (each draw then lists the nucleus), or a low top_p with one try (most
+    # draws sample the listed nucleus after a miss): all must follow the reference's nucleus.
+    # Negative control: the whole row's distribution (5% of its mass outside the nucleus)
+    # fails the same test (it draws tokens the nucleus does not have). 5,000 draws, not
+    # 20,000: each draw lists the nucleus in two of the cases.
+    monkeypatch.setattr(sampling, "_MAX_CANDIDATES", 0)
+    monkeypatch.setattr(sampling, "_NUCLEUS_GUESS", 1)
+    top_p = 0.5 if case == "gives-up" else 0.95
+    if case == "undecided":
+        monkeypatch.setattr(sampling, "_LAZY_MARGIN", 2.0)
+    if case == "gives-up":
+        monkeypatch.setattr(Truncated, "TRIES", 1)
+    row = vocab_row(n=3000, top=6.0)
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    expected = as_expected(process(row, params))
+
+    def draw(rng):
+        d = distribution(row, params)
+        assert isinstance(d, Truncated)
+        return d.sample(rng)
+
+    # (a fresh distribution per draw: a listed one would sample the listing from then on)
+    assert chi2_pvalue(draws(draw, n=N_DRAWS // 4), expected) > ALPHA
+    full = distribution(row, params).full
+    assert chi2_pvalue(draws(full.sample, n=N_DRAWS // 4), expected) < ALPHA
 
 
 @pytest.mark.parametrize("case", ["dense-dense", "dense-onehot", "sparse-sparse",

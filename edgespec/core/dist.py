@@ -9,6 +9,8 @@ vocabulary-sized vector:
 - :class:`Dense`: plain temperature sampling, whose support is the whole vocabulary: the
   weights are computed once, in float32, with sums per block of 256 ids so that drawing a
   token costs two short ``cumsum``s instead of one over the vocabulary.
+- :class:`Truncated`: a flat row's top-p: the Dense weights and a membership test, sampled by
+  rejection; the nucleus (~100k tokens) is only listed if a probability is asked.
 - :class:`Exact`: a wrapper around a dense float64 probability vector (the reference
   :func:`edgespec.core.sampling.process`), for tests and rare fallbacks.
 
@@ -150,6 +152,62 @@ class Dense:
         return out / self.total
 
 
+class Truncated:
+    """A :class:`Dense` distribution restricted to a subset that is costly to list but cheap to
+    test one token against (a flat row's top-p nucleus: ~100k tokens).
+
+    Sampling draws from the whole distribution and keeps a draw inside the subset (rejection
+    sampling: each try succeeds with probability equal to the subset's mass, top_p), so a row
+    that is only sampled never lists its subset. ``prob``, ``dense`` and a draw the test cannot
+    call list it (``resolve``, once; it may reuse the whole distribution's weights, which are
+    not used again).
+    """
+
+    __slots__ = ("full", "n", "_inside", "_resolve", "_listed")
+
+    #: tries before the subset is listed and sampled directly (with top_p >= 0.5, at most
+    #: ~6% of draws get there)
+    TRIES = 4
+
+    def __init__(self, full: Dense, inside, resolve) -> None:
+        """``inside(y)``: whether token ``y`` is in the subset, or ``None`` when too close to
+        call; ``resolve()``: the subset as a :class:`Dense` (zero weight outside it)."""
+        self.full = full
+        self.n = full.n
+        self._inside = inside
+        self._resolve = resolve
+        self._listed: Dense | None = None
+
+    def listed(self) -> Dense:
+        """The subset listed: the distribution as a :class:`Dense`."""
+        if self._listed is None:
+            self._listed = self._resolve()
+            self._inside = self._resolve = None  # (their buffers go with them)
+        return self._listed
+
+    def prob(self, x: int) -> float:
+        return self.listed().prob(x)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        # Exact: every try that ends the loop with a draw y does so with probability
+        # proportional to the subset's p(y), and every try that goes on (or gives up and
+        # samples the listed subset) does so on a draw outside it, so the result is p
+        # restricted to the subset.
+        if self._listed is None:
+            for _ in range(self.TRIES):
+                y = self.full.sample(rng)
+                inside = self._inside(y)
+                if inside is None:  # (listing reuses the weights `full` samples from)
+                    inside = self.listed().prob(y) > 0.0
+                    return y if inside else self._listed.sample(rng)
+                if inside:
+                    return y
+        return self.listed().sample(rng)
+
+    def dense(self) -> np.ndarray:
+        return self.listed().dense()
+
+
 class Exact:
     """A dense float64 probability vector (the reference form), as a :class:`Dist`."""
 
@@ -169,7 +227,7 @@ class Exact:
         return self.probs
 
 
-AnyDist = Union[OneHot, Sparse, Dense, Exact]
+AnyDist = Union[OneHot, Sparse, Dense, Truncated, Exact]
 
 
 def block_sums(w: np.ndarray) -> np.ndarray:

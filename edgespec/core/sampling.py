@@ -16,6 +16,7 @@ This module is NumPy (and, for whole-row ``exp``, ggml's vectorised kernel throu
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,8 @@ import numpy as np
 from .._native import exp_kernel
 from ..config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from ..errors import ConfigError, LogitsError
-from .dist import BLOCK, AnyDist, Dense, OneHot, Sparse, block_sums, sample  # noqa: F401 (sample: API)
+from .dist import (BLOCK, AnyDist, Dense, OneHot, Sparse, Truncated, block_sums,  # noqa: F401
+                   sample)  # (sample: API)
 
 #: top-p first looks among this many most likely tokens: partitioning is O(V), a full sort of a
 #: 152k vocabulary is not. If the nucleus is larger, it falls back to the full sort (same result).
@@ -325,8 +327,59 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int) -> AnyDi
         # the nucleus is a prefix of these
         return _filtered(x, top, ids, params, d, n, w, order)
     # A flat row: the nucleus holds a large part of the vocabulary, and stays dense (the
-    # dropped weights are zeroed).
+    # dropped weights are zeroed), once it is needed.
+    if params.top_p >= _LAZY_TOP_P:
+        return _lazy_nucleus(x, d, top, params, n)
     return _bracketed(x, d, top, params, n) or _binned(x, d, top, params, n)
+
+
+#: a flat row's nucleus is left unlisted (:class:`Truncated`) from this top-p on: a draw then
+#: needs 1 / top_p tries on average, each one pass over the row (listing it costs ~5)
+_LAZY_TOP_P = 0.5
+#: a token whose mass before it is this close (relative to the total) to top_p's share is
+#: not placed by the float32 sums of a membership test: the nucleus is listed instead
+_LAZY_MARGIN = 1e-5
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(padded: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """This thread's buffers for a membership test: float32 weights (``padded`` long, zero
+    past ``size``) and a mask. Kept between rows: a fresh row-sized array per test costs more
+    in page faults than the test itself (the C library hands freed ones back to the system)."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None or bufs[0].size != padded or bufs[1].size != size:
+        bufs = _SCRATCH.bufs = (np.zeros(padded, np.float32), np.empty(size, bool))
+    return bufs
+
+
+def _lazy_nucleus(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
+                  n: int) -> Truncated:
+    """A flat row's nucleus as a :class:`Truncated`: ``d`` (the row's weights) restricted to
+    the tokens whose mass before them (heavier logits, and equal ones at lower ids) is short
+    of top_p; listed (:func:`_bracketed`, :func:`_binned`) only if a probability is asked."""
+    xc = x.copy()  # (the row is overwritten by the next decode; the test needs it later)
+    goal = params.top_p * d.total
+    margin = _LAZY_MARGIN * d.total
+
+    def inside(y: int) -> bool | None:
+        masked, heavier = _scratch(d.w.size, xc.size)
+        xy = xc[y]
+        np.greater(xc, xy, out=heavier)
+        np.multiply(d.w[: xc.size], heavier, out=masked[: xc.size])
+        before = float(block_sums(masked).sum())
+        tied = (xc[:y] == xy).nonzero()[0]
+        if tied.size:
+            before += float(d.w[tied].sum(dtype=np.float64))
+        if before < goal - margin:
+            return True
+        if before >= goal + margin:
+            return False
+        return None
+
+    return Truncated(d, inside, lambda: _bracketed(xc, d, top, params, n)
+                     or _binned(xc, d, top, params, n))
 
 
 #: relative rounding margin for a cut judged against float64 sums: the reference's total is a
