@@ -457,6 +457,58 @@ def test_a_truncated_row_samples_its_nucleus(case, monkeypatch):
     assert chi2_pvalue(draws(full.sample, n=N_DRAWS // 4), expected) < ALPHA
 
 
+def _forced_flat(monkeypatch):
+    # (3,000-token rows made to take the flat path: no candidates, no min-p shortcut)
+    monkeypatch.setattr(sampling, "_MAX_CANDIDATES", 0)
+    monkeypatch.setattr(sampling, "_NUCLEUS_GUESS", 1)
+
+
+def test_truncated_probability_bounds_hold_the_listed_probability(monkeypatch):
+    _forced_flat(monkeypatch)
+    row = vocab_row(n=3000, top=6.0)
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    listed = distribution(row, params).listed()
+    lazy = distribution(row, params)
+    rng = np.random.default_rng(0)
+    ys = {int(y) for y in rng.choice(row.size, 300, replace=False)}
+    ys |= {lazy.sample(rng) for _ in range(50)}  # (tokens known inside: bounds for free)
+    widths = []
+    for y in sorted(ys):
+        lo, hi = lazy.prob_bounds(y)
+        p = listed.prob(y)
+        assert lo <= p <= hi
+        if p > 0:
+            widths.append(hi / lo)
+    assert lazy._listed is None  # none of it listed the nucleus
+    # the bounds are top_p's ratio apart (plus the margins), no wider
+    assert max(widths) <= 1 / 0.95 * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_verify_decides_from_bounds_as_from_the_listed_values(seed, monkeypatch):
+    # one round of 4 drafts from a perturbed row against the target's rows, with every
+    # distribution a Truncated (lazy) or its listed Dense: same seed, same decisions (the
+    # token that follows is drawn differently: by rejection from the lazy form)
+    _forced_flat(monkeypatch)
+    rng = np.random.default_rng(100 + seed)
+    base = vocab_row(n=3000, top=6.0, seed=seed)
+    target_rows = [base + rng.normal(0, 0.3, base.size).astype(np.float32) for _ in range(5)]
+    draft_rows = [r + rng.normal(0, 0.5, base.size).astype(np.float32) for r in target_rows[:4]]
+    params = SamplingParams(temperature=1.0, top_p=0.95)
+    draw = np.random.default_rng(seed)
+    q_lazy = [distribution(r, params) for r in draft_rows]
+    tokens = [q.sample(draw) for q in q_lazy]
+    lazy_p = [distribution(r, params) for r in target_rows]
+    got = verify(tokens, q_lazy, lazy_p, np.random.default_rng(seed))
+    want = verify(tokens, [distribution(r, params).listed() for r in draft_rows],
+                  [distribution(r, params).listed() for r in target_rows],
+                  np.random.default_rng(seed))
+    assert (got.n_accepted, got.next_source) == (want.n_accepted, want.next_source)
+    # (and the accepted positions' target rows decided without listing, as a rule)
+    if got.n_accepted:
+        assert any(p._listed is None for p in lazy_p[: got.n_accepted])
+
+
 @pytest.mark.parametrize("case", ["dense-dense", "dense-onehot", "sparse-sparse",
                                   "sparse-onehot", "fallback"])
 def test_sample_residual_follows_the_residual(case, monkeypatch):

@@ -163,30 +163,50 @@ class Truncated:
     not used again).
     """
 
-    __slots__ = ("full", "n", "_inside", "_resolve", "_listed")
+    __slots__ = ("full", "n", "mass", "_inside", "_resolve", "_listed", "_known")
 
     #: tries before the subset is listed and sampled directly (with top_p >= 0.5, at most
     #: ~6% of draws get there)
     TRIES = 4
 
-    def __init__(self, full: Dense, inside, resolve) -> None:
+    def __init__(self, full: Dense, inside, resolve, mass: tuple[float, float]) -> None:
         """``inside(y)``: whether token ``y`` is in the subset, or ``None`` when too close to
-        call; ``resolve()``: the subset as a :class:`Dense` (zero weight outside it)."""
+        call; ``resolve()``: the subset as a :class:`Dense` (zero weight outside it);
+        ``mass``: bounds on the subset's total weight (that of the listed form included)."""
         self.full = full
         self.n = full.n
+        self.mass = mass
         self._inside = inside
         self._resolve = resolve
         self._listed: Dense | None = None
+        self._known: dict[int, bool] = {}  #: memberships tested so far
 
     def listed(self) -> Dense:
         """The subset listed: the distribution as a :class:`Dense`."""
         if self._listed is None:
             self._listed = self._resolve()
             self._inside = self._resolve = None  # (their buffers go with them)
+            self._known.clear()
         return self._listed
 
     def prob(self, x: int) -> float:
         return self.listed().prob(x)
+
+    def prob_bounds(self, x: int) -> tuple[float, float]:
+        """Bounds on ``prob(x)`` that need no listing: ``x``'s weight over the largest and the
+        smallest mass the subset can have, or 0 outside it (exact once listed, or when ``x``
+        is too close to the subset's edge to test)."""
+        if self._listed is None and x < self.full.w.size:
+            inside = self._known.get(x)
+            if inside is None:
+                inside = self._known[x] = self._inside(x)
+            if inside is False:
+                return 0.0, 0.0
+            if inside:
+                w = float(self.full.w[x])
+                return w / self.mass[1], w / self.mass[0]
+        p = self.prob(x)
+        return p, p
 
     def sample(self, rng: np.random.Generator) -> int:
         # Exact: every try that ends the loop with a draw y does so with probability
@@ -201,6 +221,7 @@ class Truncated:
                     inside = self.listed().prob(y) > 0.0
                     return y if inside else self._listed.sample(rng)
                 if inside:
+                    self._known[y] = True  # (a draft's token: its bounds are free)
                     return y
         return self.listed().sample(rng)
 

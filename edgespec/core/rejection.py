@@ -56,7 +56,9 @@ def verify(
     probability vectors; any sequence, e.g. one that processes rows lazily): row i is the
     target distribution at draft position i, the last one the distribution after all k drafts.
     Rows after a rejection are never read. ``q_draft[i]`` is the (processed) draft distribution
-    ``x_i`` was sampled from, or ``None`` for a one-hot (deterministic) draft.
+    ``x_i`` was sampled from, or ``None`` for a one-hot (deterministic) draft. A distribution
+    with ``prob_bounds`` (a flat top-p row's unlisted nucleus) is first asked for bounds on
+    ``p(x)``: the test only needs the values when the uniform falls between what they allow.
     """
     k = len(draft_tokens)
     if len(q_draft) != k or len(p_target) != k + 1:
@@ -67,14 +69,29 @@ def verify(
     for i, (x, q) in enumerate(zip(draft_tokens, q_draft)):
         p = as_dist(p_target[i])
         q = None if q is None else as_dist(q)
-        p_x = p.prob(x)
-        q_x = 1.0 if q is None else q.prob(x)
-        # accept with probability min(1, p/q), i.e. u * q < p (no division; q_x > 0 as x ~ q)
-        if rng.random() * q_x < p_x:
+        # accept with probability min(1, p/q), i.e. u * q < p (no division; q_x > 0 as x ~ q),
+        # from bounds on p_x and q_x where they decide it (a flat top-p row then never lists
+        # its nucleus), else from the values
+        p_lo, p_hi = _prob_bounds(p, x)
+        q_lo, q_hi = (1.0, 1.0) if q is None else _prob_bounds(q, x)
+        u = rng.random()
+        if u * q_hi < p_lo:
+            continue
+        if u * q_lo < p_hi and u * (1.0 if q is None else q.prob(x)) < p.prob(x):
             continue
         return Verdict(i, sample_residual(p, q, x, rng), Source.CORRECTED)
     source = Source.BONUS if k else Source.TARGET
     return Verdict(k, as_dist(p_target[k]).sample(rng), source)
+
+
+def _prob_bounds(d: Dist, x: int) -> tuple[float, float]:
+    """Bounds on ``d.prob(x)``: cheap ones where the distribution has them
+    (:meth:`edgespec.core.dist.Truncated.prob_bounds`), else the value twice."""
+    bounds = getattr(d, "prob_bounds", None)
+    if bounds is not None:
+        return bounds(x)
+    p = d.prob(x)
+    return p, p
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_picks: Sequence[int]) -> Verdict:

@@ -378,8 +378,11 @@ def _lazy_nucleus(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
             return False
         return None
 
+    # The nucleus's weight: at least top_p's share (it is the shortest prefix that reaches
+    # it), at most the whole row's (each widened by the margin for float32 sums).
+    mass = (goal - margin, d.total + margin)
     return Truncated(d, inside, lambda: _bracketed(xc, d, top, params, n)
-                     or _binned(xc, d, top, params, n))
+                     or _binned(xc, d, top, params, n), mass)
 
 
 #: relative rounding margin for a cut judged against float64 sums: the reference's total is a
