@@ -110,11 +110,13 @@ def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket, k
     # first looks among `guess` most likely tokens, then (a flat row) brackets the cut from a
     # strided sample of `bracket[0]` weights, `bracket[1]` sample ranks either side, and if
     # that fails bins the float32 weights (a sample of 0: always the bins). `key_sort`: every
-    # descending order, however short, by the integer key instead of lexsort.
+    # descending order, however short, by the integer key instead of lexsort, and top-p's
+    # candidates ordered from a head of 2 (the whole order only if the cut is past it).
     sample_size, ranks = bracket
     with pytest.MonkeyPatch.context() as mp:
         if key_sort:
             mp.setattr(sampling, "_KEY_SORT_FROM", 0)
+            mp.setattr(sampling, "_ORDER_HEAD", 2)
         mp.setattr(sampling, "_MAX_CANDIDATES", 0)  # no min-p shortcut
         mp.setattr(sampling, "_NUCLEUS_GUESS", guess)
         mp.setattr(sampling, "_SAMPLE", max(sample_size, 1))
@@ -151,6 +153,23 @@ def test_the_integer_key_orders_like_lexsort(row, t, seed):
         mp.setattr(sampling, "_KEY_SORT_FROM", 0)
         got = sampling._descending_order(row, ids, w)
     np.testing.assert_array_equal(got, np.lexsort((ids, -w)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(key_rows, st.sampled_from([0.01, 0.8, 3.0]), st.integers(1, 40))
+def test_the_head_of_the_order_is_the_orders_beginning(row, t, head):
+    # ties at the head's end included: the head is a prefix of the whole order, at least
+    # `head` long (when the candidates are many more)
+    top = float(row.max())
+    if top == -np.inf:
+        return
+    ids = np.arange(row.size)
+    w = sampling._weights(row, ids, top, t)
+    whole = sampling._descending_order(row, ids, w)
+    got = sampling._descending_order(row, ids, w, head)
+    if row.size > 4 * head:
+        assert got.size >= head
+    np.testing.assert_array_equal(got, whole[: got.size])
 
 
 def test_the_integer_key_is_used_for_long_candidate_sets(monkeypatch):
