@@ -499,6 +499,11 @@ def test_truncated_probability_bounds_hold_the_listed_probability(monkeypatch):
         if p > 0:
             widths.append(hi / lo)
     assert lazy._listed is None  # none of it listed the nucleus
+    # a token of no weight (an impossible logit, or past the row's end) has none
+    row[7] = -np.inf
+    lazy = distribution(row, params)
+    assert lazy.prob_bounds(7) == (0.0, 0.0) == lazy.prob_bounds(row.size + 3)
+    assert lazy._listed is None
     # the bounds are top_p's ratio apart (plus the margins), no wider
     assert max(widths) <= 1 / 0.95 * (1 + 1e-4)
 

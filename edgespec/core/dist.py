@@ -196,7 +196,9 @@ class Truncated:
         """Bounds on ``prob(x)`` that need no listing: ``x``'s weight over the largest and the
         smallest mass the subset can have, or 0 outside it (exact once listed, or when ``x``
         is too close to the subset's edge to test)."""
-        if self._listed is None and x < self.full.w.size:
+        if self._listed is None:
+            if x >= self.full.w.size or self.full.w[x] == 0.0:
+                return 0.0, 0.0  # (no weight: no probability, inside or not)
             inside = self._known.get(x)
             if inside is None:
                 inside = self._known[x] = self._inside(x)
