@@ -139,13 +139,12 @@ def _top_candidates(x: np.ndarray, k: int,
     while rank < sample_.size:
         # (k = 40 in a 152k row is rank 5 of the sample: the count above it is ~Gamma(5, 37),
         # under 40 for ~0.5% of rows, and the whole row's sort then costs ~18 ms)
-        if part is None:
+        first = part is None
+        if first:
             part = sample_.copy()  # (array methods: NumPy's function wrappers cost µs a call)
-            part.partition(sample_.size - rank)
-            if flat is not None and _looks_flat(part, sample_.size - rank, stride, *flat):
-                return None
-        else:
-            part.partition(sample_.size - rank)
+        part.partition(sample_.size - rank)
+        if first and flat is not None and _looks_flat(part, sample_.size - rank, stride, *flat):
+            return None
         guess = part[sample_.size - rank]
         ids = (x >= guess).nonzero()[0]
         if ids.size >= k:
@@ -166,6 +165,13 @@ def _looks_flat(part: np.ndarray, cut: int, stride: int, top: float, t: float,
     than ``share`` of the row's weight below the guess."""
     if stride < 8:  # a short row: its candidates are cheap
         return False
+    def weight(values: np.ndarray) -> float:
+        # (NumPy's exp, not ggml's kernel: on ~1,000 values its call costs more than the exp)
+        v = values - np.float32(top)
+        v *= np.float32(1.0 / t)
+        np.exp(v, out=v)
+        return float(v.sum())
+
     with np.errstate(under="ignore", over="ignore"):
         # no row can be flat whose every token below the guess weighing as much as the guess
         # (the top token weighs 1) leaves the share unreached: a confident row, judged free
@@ -173,14 +179,8 @@ def _looks_flat(part: np.ndarray, cut: int, stride: int, top: float, t: float,
             return False
         # the weight below the guess from every 4th of the sample's values there (~1,000:
         # its exp costs less than the calls around it), the weight above from all of them
-        v = part[:cut:4] - np.float32(top)
-        v *= np.float32(1.0 / t)
-        np.exp(v, out=v)
-        below = float(v.sum()) * 4 * stride
-        v = part[cut:] - np.float32(top)
-        v *= np.float32(1.0 / t)
-        np.exp(v, out=v)
-        above = float(v.sum()) * stride
+        below = weight(part[:cut:4]) * 4 * stride
+        above = weight(part[cut:]) * stride
     # the top token's weight (1) counts once, as the whole row's heaviest: the sample has it
     # only by chance
     return below > share * (below + above + 1.0)
