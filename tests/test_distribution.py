@@ -446,6 +446,12 @@ def test_the_membership_test_agrees_with_the_listed_nucleus():
     assert all(c == (listed.w[y] > 0) for y, c in decided)
 
 
+def _forced_flat(monkeypatch):
+    # (3,000-token rows made to take the flat path: no candidates, no min-p shortcut)
+    monkeypatch.setattr(sampling, "_MAX_CANDIDATES", 0)
+    monkeypatch.setattr(sampling, "_NUCLEUS_GUESS", 1)
+
+
 @pytest.mark.parametrize("case", ["tested", "undecided", "gives-up"])
 def test_a_truncated_row_samples_its_nucleus(case, monkeypatch):
     # a 3,000-token row made to take the flat path; every draw decided by the membership
@@ -454,8 +460,7 @@ def test_a_truncated_row_samples_its_nucleus(case, monkeypatch):
     # Negative control: the whole row's distribution (5% of its mass outside the nucleus)
     # fails the same test (it draws tokens the nucleus does not have). 5,000 draws, not
     # 20,000: each draw lists the nucleus in two of the cases.
-    monkeypatch.setattr(sampling, "_MAX_CANDIDATES", 0)
-    monkeypatch.setattr(sampling, "_NUCLEUS_GUESS", 1)
+    _forced_flat(monkeypatch)
     top_p = 0.5 if case == "gives-up" else 0.95
     if case == "undecided":
         monkeypatch.setattr(sampling, "_LAZY_MARGIN", 2.0)
@@ -474,12 +479,6 @@ def test_a_truncated_row_samples_its_nucleus(case, monkeypatch):
     assert chi2_pvalue(draws(draw, n=N_DRAWS // 4), expected) > ALPHA
     full = distribution(row, params).full
     assert chi2_pvalue(draws(full.sample, n=N_DRAWS // 4), expected) < ALPHA
-
-
-def _forced_flat(monkeypatch):
-    # (3,000-token rows made to take the flat path: no candidates, no min-p shortcut)
-    monkeypatch.setattr(sampling, "_MAX_CANDIDATES", 0)
-    monkeypatch.setattr(sampling, "_NUCLEUS_GUESS", 1)
 
 
 def test_truncated_probability_bounds_hold_the_listed_probability(monkeypatch):
