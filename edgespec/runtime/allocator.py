@@ -4,8 +4,8 @@ glibc's malloc serves an allocation above its mmap threshold (128 KiB at first, 
 largest block freed so far) with fresh pages, and hands the top of its heap back to the system
 once more than twice that is free. Sampling makes a few temporaries the size of a row of logits
 per row (608 KiB for a 152k vocabulary); when two or three of them are freed together they go
-back, and the next row faults them in again: ~150 faults each, 30-120 faults per token on the
-overhead bench, 1-5 µs per fault on this VM, more than a confident row's whole processing.
+back, and the next row faults them in again: ~265 faults for three (~0.9 ms, 3.4 µs a fault on
+the development VM), 15-40 faults per token on the overhead bench's top-p and draft-model runs.
 
 :func:`keep_freed_memory` fixes both thresholds (the process then keeps up to
 :data:`TRIM_THRESHOLD` of freed heap), once per process, on glibc only. A user's own
