@@ -31,6 +31,12 @@ DEFAULT_MIN_P = 0.0
 #: picks from at most MAX_SAMPLED_ROWS rows per call).
 MAX_FIXED_WIDTH = 64
 
+#: A sampled draft model proposes from its this many most likely tokens (ties included): the
+#: exact test allows any proposal distribution, and this one costs a threshold pass over the
+#: row instead of whole-row work (see edgespec.core.sampling.draft_distribution). 0 = the
+#: whole row.
+DRAFT_WINDOW = 64
+
 #: Hard ceiling on draft length: beyond this the exact test's acceptance
 #: probability for the tail is negligible and the batch only costs time.
 MAX_DRAFT_LENGTH = 64

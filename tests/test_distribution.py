@@ -267,6 +267,86 @@ def test_full_vocabulary_rows(top, mode):
         assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
 
+# ---- a draft's window: its q is the row's `window` most likely tokens, processed -------------
+
+
+def windowed(row: np.ndarray, window: int) -> np.ndarray:
+    """The row with every logit below its ``window``-th largest set to -inf (ties stay in)."""
+    if not 0 < window < row.size:
+        return row
+    floor = np.sort(row)[row.size - window]
+    return np.where(row >= floor, row, np.float32(-np.inf)).astype(np.float32)
+
+
+def assert_same_window(row: np.ndarray, params: SamplingParams, window: int) -> None:
+    """``draft_distribution`` equals the dense reference on the windowed row, as in
+    :func:`assert_same` (a support may differ only where a threshold moved by 1e-9 explains it)."""
+    masked = windowed(row, window)
+    got_dist = sampling.draft_distribution(row, params, window=window)
+    got = got_dist.dense()
+    ref = process(masked, params)
+    if not np.array_equal(ref > 0, got > 0):
+        small = process(masked, _shifted(params, -1e-9)) > 0
+        large = process(masked, _shifted(params, 1e-9)) > 0
+        assert np.all(small <= (got > 0)) and np.all((got > 0) <= large), "supports differ"
+        return
+    rtol = 1e-5 if isinstance(got_dist, (Dense, Truncated)) else 1e-9
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-17)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(rows, close_rows), params_st, st.sampled_from([1, 2, 3, 5, 200]))
+@example(np.zeros(7, np.float32), SamplingParams(temperature=1.0), 3)  # the window's cut in a tie
+@example(np.array([1, 2, 2, 2, 0], np.float32), SamplingParams(temperature=1.0, top_p=0.5), 2)
+@example(np.array([-np.inf, 3, -np.inf, -np.inf], np.float32), SamplingParams(temperature=0.8), 2)
+def test_a_windowed_draft_is_the_dense_reference_on_the_windowed_row(row, params, window):
+    if np.all(row == -np.inf):
+        with pytest.raises(LogitsError):
+            sampling.draft_distribution(row, params, window=window)
+        return
+    assert_same_window(row, params, window)
+
+
+@pytest.mark.parametrize("top", [9.0, 14.0, 20.0])
+@pytest.mark.parametrize("mode", ["t0.8", "top_k40", "top_p0.95", "min_p0.05", "all"])
+def test_a_windowed_draft_on_full_vocabulary_rows_never_weighs_the_row(top, mode, monkeypatch):
+    params = {"t0.8": SamplingParams(temperature=0.8),
+              "top_k40": SamplingParams(temperature=0.8, top_k=40),
+              "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
+              "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
+              "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
+    row = vocab_row(top=top)
+    want = process(windowed(row, 64), params)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("whole-row work for a windowed draft")
+
+    for name in ("_dense", "_nucleus", "_dense_into"):
+        monkeypatch.setattr(sampling, name, refuse)
+    got = sampling.draft_distribution(row, params, window=64)
+    assert isinstance(got, Sparse) and got.ids.size <= 64
+    np.testing.assert_allclose(got.dense(), want, rtol=1e-9, atol=1e-17)
+
+
+def test_a_window_changes_nothing_where_top_k_fits_it_or_the_row_is_short():
+    row = vocab_row(top=14.0)
+    for params, window in [(SamplingParams(temperature=0.8, top_k=40), 64),
+                           (SamplingParams(temperature=0.8, top_k=64, top_p=0.9), 64),
+                           (SamplingParams(temperature=0.8), 0),
+                           (SamplingParams(temperature=0.8), row.size)]:
+        a = sampling.draft_distribution(row, params, window=window).dense()
+        np.testing.assert_array_equal(a, distribution(row, params).dense())
+    greedy = sampling.draft_distribution(row, SamplingParams(temperature=0), window=4)
+    assert isinstance(greedy, OneHot) and greedy.token == int(np.argmax(row))
+
+
+def test_a_windowed_draft_with_nan_logits_raises():
+    row = vocab_row(top=14.0)
+    row[5] = np.nan  # outside any window: found by the row's max all the same
+    with pytest.raises(LogitsError):
+        sampling.draft_distribution(row, SamplingParams(temperature=0.8), window=64)
+
+
 def test_a_flat_row_skips_the_candidates(monkeypatch):
     # a wide nucleus (top 9: most of the weight in the bulk): the sample says so, and no pass
     # looks for candidates that could not hold it

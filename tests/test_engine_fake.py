@@ -203,6 +203,34 @@ def test_bad_call_settings_are_config_errors(kwargs):
     assert complete(engine, max_tokens=3).stats.generated == 3  # the engine is still fine
 
 
+@pytest.mark.parametrize("window", [-1, True, 2.5, "64"])
+def test_a_bad_draft_window_is_a_config_error_before_any_model_loads(window):
+    e = build(draft="perturbed")
+    with pytest.raises(ConfigError, match="draft_window"):
+        Engine(e.target, e.draft, drafter="model", draft_window=window)
+    with pytest.raises(ConfigError, match="draft_window"):  # not a missing-file ModelError
+        Engine.load("/nonexistent/model.gguf", draft_window=window, download=False, progress=False)
+
+
+def test_the_engines_draft_window_reaches_the_draft_model(monkeypatch):
+    from edgespec.runtime import drafters
+
+    windows = []
+    real = drafters.draft_distribution
+
+    def recording(logits, params, n_vocab=None, window=0):
+        windows.append(window)
+        return real(logits, params, n_vocab, window)
+
+    monkeypatch.setattr(drafters, "draft_distribution", recording)
+    e = build(draft="perturbed")
+    engine = Engine(e.target, e.draft, drafter="model", draft_length=4, draft_window=3)
+    out = complete(engine, max_tokens=12, sampling=SamplingParams(temperature=1.0, seed=3))
+    assert out.stats.generated == 12 and out.stats.drafted > 0
+    assert windows and set(windows) == {3}
+    assert Engine(e.target, e.draft).draft_window == config.DRAFT_WINDOW
+
+
 def test_model_drafter_on_an_engine_without_draft_is_a_config_error():
     engine = build(drafter="lookup", draft=None)
     with pytest.raises(ConfigError, match="draft model"):

@@ -15,10 +15,10 @@ import pytest
 
 from edgespec.core.lookup import common_prefix
 from edgespec.core.rejection import Source
-from edgespec.core.sampling import SamplingParams, make_rng, process
+from edgespec.core.sampling import SamplingParams, distribution, make_rng, process
 from edgespec.core.stats import Stats
 from edgespec.runtime import loop
-from edgespec.runtime.drafters import AutoDrafter, Draft, make_drafter
+from edgespec.runtime.drafters import AutoDrafter, Draft, ModelDrafter, make_drafter
 from edgespec.runtime.loop import prefill, rounds
 
 from .fakes import FakeLM, LogitTable, Perturbed, Table, pair
@@ -380,6 +380,36 @@ def test_joint_of_first_three_tokens_is_the_targets(mode):
     for a in range(3):
         assert paths[(a, Source.CORRECTED)] > 100
     assert paths[(3, Source.BONUS)] > 100
+
+
+@pytest.mark.parametrize("mode", STAT_MODES)
+def test_a_windowed_draft_keeps_the_joint_the_targets(mode):
+    # The draft proposes from its 2 most likely of 4 tokens (a q other than its processed row):
+    # the exact test holds for any q it really sampled from. Same N and threshold as above.
+    params = STAT_MODES[mode]
+    target, draft = _stat_pair()
+    drafter = Recorder(ModelDrafter(draft, 4, window=2))
+    paths = Counter()
+    counts = _first_three(target, drafter, params, N_STAT, 37, paths)
+    assert chi2_pvalue(counts, _exact_joint(params)) > ALPHA
+    assert all(np.count_nonzero(q.dense()) <= 2 for d in drafter.proposals for q in d.q)
+    for a in range(3):
+        assert paths[(a, Source.CORRECTED)] > 100
+
+
+def test_negative_control_a_windowed_draft_reporting_its_whole_row():
+    # Tokens drawn from the window but tested against the whole row's q: no longer exact.
+    class Misreported(ModelDrafter):
+        def propose(self, context, k, params, rng):
+            draft = super().propose(context, k, params, rng)
+            table = self.model.table
+            draft.q = [distribution(table(list(context) + draft.tokens[:i]), params)
+                       for i in range(len(draft.tokens))]
+            return draft
+
+    target, draft = _stat_pair()
+    counts = _first_three(target, Misreported(draft, 4, window=2), T1, N_STAT, 37)
+    assert chi2_pvalue(counts, _exact_joint(T1)) < ALPHA
 
 
 def test_negative_control_target_keeps_rejected_drafts():

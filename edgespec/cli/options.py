@@ -61,6 +61,10 @@ def model_options(func):
                      show_default=True, help="Longest n-gram prompt lookup matches."),
         click.option("--min-ngram", type=click.IntRange(1, 64), default=config.DEFAULT_MIN_NGRAM,
                      show_default=True, help="Shortest n-gram prompt lookup accepts as a match."),
+        click.option("--draft-window", type=click.IntRange(0), default=config.DRAFT_WINDOW,
+                     show_default=True,
+                     help="A sampled draft model proposes from its this many most likely tokens "
+                          "(exact for any window; 0 = its whole row, slower)."),
         click.option("--ngl", "n_gpu_layers", type=click.IntRange(-1), default=None,
                      help="Target layers offloaded to the GPU or the --rpc workers (-1 = all) "
                           "[default: 0; all with --rpc]."),
@@ -131,6 +135,7 @@ def load_engine(opts: dict, *, progress: bool = True):
         draft_length=opts["draft_length"],
         max_ngram=opts["max_ngram"],
         min_ngram=opts["min_ngram"],
+        draft_window=opts["draft_window"],
         n_gpu_layers=opts["n_gpu_layers"],
         draft_n_gpu_layers=opts["draft_n_gpu_layers"],
         rpc=opts["rpc"],

@@ -116,6 +116,38 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     return _filtered(x, top, ids, params, None, n)
 
 
+def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None = None,
+                       window: int = 0) -> AnyDist:
+    """A draft model's proposal distribution ``q``: :func:`distribution` of the row with every
+    logit outside its ``window`` largest set to ``-inf`` (all logits tied with the
+    ``window``-th stay in). ``window=0``, or one at least the row's length: the row as it is.
+
+    Why a draft may do this: the rejection test is exact for any ``q`` that the draft really
+    sampled from (Leviathan et al. 2023, section 2.3; Chen et al. 2023, theorem 1), and its
+    acceptance rate is ``sum(min(p, q))``, which the window lowers by at most the mass ``q``
+    had outside it. A draft's 64 most likely tokens hold nearly all of it, and finding them is
+    one threshold pass over the row instead of an ``exp`` of the whole row (plain
+    temperature), of a flat nucleus (top-p) or of every token above min-p's floor. Top-k at
+    most ``window`` keeps the same tokens either way. The target is never windowed.
+    """
+    x = logits
+    if params.greedy or not 0 < window < x.size or x.ndim != 1 or (
+            0 < params.top_k <= window):
+        return distribution(x, params, n_vocab)
+    top = float(x.max())
+    if top != top or top == np.inf or top == -np.inf:  # NaN, +inf, all -inf: as distribution()
+        return distribution(x, params, n_vocab)
+    if params.min_p > 0.0 and params.top_p >= 1.0:
+        # min-p's own floor usually keeps fewer tokens than the window: one threshold pass
+        found = (x >= top + params.temperature * (np.log(params.min_p) - 1e-6)).nonzero()[0]
+    else:
+        found = _top_candidates(x, window)[0]
+    if found.size > window:
+        values = x[found]
+        found = found[values >= np.partition(values, found.size - window)[found.size - window]]
+    return _filtered(x, top, found, params, None, n_vocab or x.size)
+
+
 def _top_candidates(x: np.ndarray, k: int,
                     flat: tuple[float, float, float] | None = None
                     ) -> tuple[np.ndarray, float] | None:

@@ -21,10 +21,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
 from ..core.lookup import NgramIndex, common_prefix, find_continuation
 from ..core.dist import AnyDist
-from ..core.sampling import SamplingParams, distribution
+from ..core.sampling import SamplingParams, draft_distribution
 from ..errors import ConfigError
 
 DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
@@ -120,14 +120,17 @@ class ModelDrafter:
     The draft model's KV cache is kept in step with the committed text by ``sync``: accepted
     draft tokens stay cached, rejected ones are dropped, so each round decodes only what is new.
     Logits are mapped onto the target's vocabulary (``n_vocab``) before processing, so ``q`` and
-    the target's ``p`` are distributions over the same tokens.
+    the target's ``p`` are distributions over the same tokens. Sampled drafts come from the
+    row's ``window`` most likely tokens (:func:`edgespec.core.sampling.draft_distribution`;
+    0: the whole row).
     """
 
     name = "model"
 
-    def __init__(self, model: DraftModel, n_vocab: int):
+    def __init__(self, model: DraftModel, n_vocab: int, window: int = DRAFT_WINDOW):
         self.model = model
         self.n_vocab = n_vocab
+        self.window = window
 
     def propose(self, context, k, params, rng) -> Draft:
         k = min(k, self.model.n_ctx - len(context))
@@ -147,7 +150,7 @@ class ModelDrafter:
             if params.greedy:  # q is one-hot on the arg-max (lowest id on ties, as in process)
                 x, q = int(np.argmax(logits)), None
             else:  # (a copy: the row itself is overwritten by the next draft decode)
-                q = distribution(logits, params, self.n_vocab)
+                q = draft_distribution(logits, params, self.n_vocab, self.window)
                 x = q.sample(rng)
             draft.tokens.append(x)
             draft.q.append(q)
@@ -282,9 +285,12 @@ def make_drafter(
     max_ngram: int = DEFAULT_MAX_NGRAM,
     min_ngram: int = DEFAULT_MIN_NGRAM,
     policy=None,
+    draft_window: int = DRAFT_WINDOW,
 ) -> Drafter:
     """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model, ``auto``
-    a :class:`edgespec.core.policy.Policy` (it uses the draft model when there is one)."""
+    a :class:`edgespec.core.policy.Policy` (it uses the draft model when there is one).
+    ``draft_window``: the draft model's sampled proposals come from its this many most likely
+    tokens (0: the whole row; see :class:`ModelDrafter`)."""
     if check_drafter_name(name) == "none":
         return NoDrafter()
     lookup = LookupDrafter(max_ngram, min_ngram)
@@ -293,9 +299,10 @@ def make_drafter(
     if name == "auto":
         if policy is None:
             raise ConfigError("drafter 'auto' needs a cost policy")
-        model = ModelDrafter(draft_model, n_vocab) if draft_model is not None else None
+        model = (ModelDrafter(draft_model, n_vocab, draft_window)
+                 if draft_model is not None else None)
         return AutoDrafter(policy, lookup, model)
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model (--draft)")
-    model = ModelDrafter(draft_model, n_vocab)
+    model = ModelDrafter(draft_model, n_vocab, draft_window)
     return model if name == "model" else HybridDrafter(lookup, model)

@@ -106,6 +106,13 @@ def validate_draft_length(k: int | None) -> int | None:
     return k
 
 
+def validate_draft_window(window: int) -> int:
+    """``window`` if it is a valid draft window (an int >= 0), else a ConfigError."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ConfigError(f"draft_window must be an integer >= 0 (0 = the whole row), got {window!r}")
+    return window
+
+
 def check_prompt(prompt: Prompt) -> None:
     """Raise :class:`ConfigError` for an empty prompt: blank text, or no messages. Cheap, so
     callers can check before loading any model."""
@@ -178,11 +185,13 @@ class Engine:
         draft_length: int | None = None,
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
+        draft_window: int = config.DRAFT_WINDOW,
     ) -> None:
         keep_freed_memory()  # (row-sized temporaries every token: no page faults for them)
         self.target = target
         self.draft = draft
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.draft_window = validate_draft_window(draft_window)
         self.drafter_name = check_drafter_name(drafter)
         if drafter in ("model", "hybrid") and draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
@@ -206,6 +215,7 @@ class Engine:
         draft_length: int | None = None,
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
+        draft_window: int = config.DRAFT_WINDOW,
         n_gpu_layers: int | None = None,
         draft_n_gpu_layers: int | None = None,
         rpc: str | Sequence[str] | None = None,
@@ -245,7 +255,9 @@ class Engine:
         ``fixed_width`` (tokens, 0 = off) does so on any device by making every target call
         that reads logits that wide (see README, Exactness).
         ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
-        DEFAULT_DRAFT_LENGTH). With drafter ``auto`` the costs are measured right after loading
+        DEFAULT_DRAFT_LENGTH). ``draft_window``: a sampled draft model proposes from its this
+        many most likely tokens (0: its whole row; the output's distribution is the target's
+        either way, see :func:`edgespec.core.sampling.draft_distribution`). With drafter ``auto`` the costs are measured right after loading
         (:meth:`calibrate`).
         """
         from ..models.catalog import resolve_pair
@@ -256,6 +268,7 @@ class Engine:
 
         check_drafter_name(drafter)
         validate_draft_length(draft_length)
+        validate_draft_window(draft_window)
         make_drafter("lookup", max_ngram=max_ngram, min_ngram=min_ngram)  # validates n-gram sizes
         threads = n_threads if n_threads is not None else config.default_threads()
         if threads < 1:
@@ -317,7 +330,7 @@ class Engine:
             if draft_be is None and drafter in ("model", "hybrid"):
                 drafter = "lookup"  # said above: no draft model for this target
             engine = cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
-                         max_ngram=max_ngram, min_ngram=min_ngram)
+                         max_ngram=max_ngram, min_ngram=min_ngram, draft_window=draft_window)
             engine.draft_choice = choice
             if drafter == "auto":
                 engine.calibrate()
@@ -435,7 +448,8 @@ class Engine:
             name, validate_draft_length(self.draft_length if draft_length is None else draft_length))
         policy = self._policy() if name == "auto" else None
         drafter_obj = make_drafter(name, self.draft, self.target.n_vocab, policy=policy,
-                                   max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+                                   max_ngram=self.max_ngram, min_ngram=self.min_ngram,
+                                   draft_window=self.draft_window)
         tokens = self.prompt_tokens(prompt, chat=chat, system=system)
         if len(tokens) >= self.target.n_ctx:
             raise ContextOverflowError(
