@@ -267,6 +267,53 @@ def test_full_vocabulary_rows(top, mode):
         assert_same(row, params, rtol=1e-5 if dense else 1e-9, delta=1e-6)
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(rows, close_rows, key_rows).filter(lambda r: np.any(r > -np.inf)),
+       params_st.filter(lambda p: not p.greedy), st.sampled_from([1, 3, 8]), st.booleans())
+@example(np.zeros(40, np.float32), SamplingParams(temperature=1.0, top_k=5), 4, False)  # all tied
+@example(np.array([0, 5, 0, 5, 0, 5, 0, 5, 1], np.float32), SamplingParams(temperature=1.0, top_k=2),
+         4, False)  # the top logits in one column, one past the grid
+@example(np.array([1, 1, 1, 1, 9, 1, 1, 1, 2], np.float32), SamplingParams(temperature=1.0, top_k=2),
+         2, True)  # the top_k-th logit only in the tail
+@example(np.array([0.0, 1.0, 1.35e-31], np.float32), SamplingParams(temperature=0.25, top_k=2), 1,
+         False)  # 0 and 1e-31 one weight in float64: the tie goes to id 0 (found by this test)
+def test_column_maxima_find_the_same_candidates(row, params, slices, window):
+    # Small rows made to take the long rows' path: `slices` slices side by side, any width
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_SLICES", slices)
+        mp.setattr(sampling, "_MIN_COLUMNS", 1)
+        if window:
+            assert_same_window(row, params, 3)
+        else:
+            rtol = 1e-5 if isinstance(distribution(row, params), (Dense, Truncated)) else 1e-9
+            assert_same(row, params, rtol=rtol, delta=1e-6)
+
+
+@pytest.mark.parametrize("top", [9.0, 14.0, 20.0])
+@pytest.mark.parametrize("k", [1, 40, 64, 3000])
+def test_column_maxima_hold_the_top_k_and_the_min_p_support(top, k):
+    row = vocab_row(top=top)
+    row[7] = row[13] = row[151_935] = top - 1.0  # ties, one in the tail past the grid
+    maxima = sampling._Maxima.of(row)
+    assert maxima is not None and maxima.top == float(row.max())
+    ids = maxima.top_ids(k, 0.8)
+    assert np.all(np.diff(ids) > 0)
+    kth = np.sort(row)[row.size - k]
+    np.testing.assert_array_equal(ids, np.flatnonzero(row >= row[ids].min()))
+    assert row[ids].min() <= kth  # every logit tied with the k-th is in
+    for floor in (top - 0.5, top - 3.0, 2.0, -50.0):
+        np.testing.assert_array_equal(maxima.at_least(floor), np.flatnonzero(row >= np.float32(floor)))
+
+
+def test_column_maxima_see_a_nan_anywhere():
+    for at in (5, 151_935):  # in the grid, in the tail
+        row = vocab_row(top=14.0)
+        row[at] = np.nan
+        assert np.isnan(sampling._Maxima.of(row).top)
+        with pytest.raises(LogitsError):
+            distribution(row, SamplingParams(temperature=0.8, top_k=40))
+
+
 # ---- a draft's window: its q is the row's `window` most likely tokens, processed -------------
 
 
