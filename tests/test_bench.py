@@ -559,6 +559,24 @@ def test_plot_has_a_panel_for_auto_draft_lengths_and_the_sweep(tmp_path):
                       tmp_path / "q.png") is None  # nothing to compare
 
 
+@pytest.mark.parametrize("window", [0, 64])
+def test_overhead_takes_the_draft_window(window, tmp_path, monkeypatch):
+    from edgespec.cli.main import cli
+    from edgespec.runtime import drafters
+
+    seen = set()
+    real = drafters.draft_distribution
+    monkeypatch.setattr(drafters, "draft_distribution",
+                        lambda x, p, n=None, w=0: seen.add(w) or real(x, p, n, w))
+    out = tmp_path / "overhead.json"
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "2000", "-r", "1",
+                                   "--draft-window", str(window), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["draft_window"] == window
+    assert seen == {window}
+    assert ("whole draft rows" if window == 0 else f"draft window {window}") in res.output
+
+
 def test_overhead_runs_the_real_loop_on_a_synthetic_model_and_writes_json(tmp_path):
     from edgespec.cli.main import cli
 

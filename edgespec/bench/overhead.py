@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..config import DRAFT_WINDOW
 from ..core.costs import CostCurve
 from ..core.lookup import common_prefix
 from ..core.policy import CostEstimate, Policy
@@ -153,8 +154,9 @@ class OverheadResult:
 
 
 def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
-            n_tokens: int, seed: int = 0) -> OverheadResult:
-    """Generate ``n_tokens`` with one configuration; return its host time (best of warm runs)."""
+            n_tokens: int, seed: int = 0, draft_window: int = DRAFT_WINDOW) -> OverheadResult:
+    """Generate ``n_tokens`` with one configuration; return its host time (best of warm runs).
+    ``draft_window``: the draft model's proposal window (see ``make_drafter``)."""
     keep_freed_memory()  # as the engine does
     target_pool, draft_pool, _ = pools
     params = SAMPLINGS[label]
@@ -165,7 +167,7 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
     policy = None
     if drafter == "auto":
         policy = Policy(CostCurve(dict(GPU_CURVE)), CostEstimate(GPU_DRAFT_TOKEN))
-    made = make_drafter(drafter, draft, target.n_vocab, policy=policy)
+    made = make_drafter(drafter, draft, target.n_vocab, policy=policy, draft_window=draft_window)
     if policy is not None:  # keep auto's costs GPU-like: the synthetic calls cost nothing
         policy.curve.observe = lambda n, s: None  # type: ignore[method-assign]
         policy.lookup_cost.observe = lambda s: None  # type: ignore[method-assign]
@@ -192,7 +194,8 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
 
 def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int = 3,
                  drafters: Sequence[str] = DRAFTERS, samplings: Sequence[str] = tuple(SAMPLINGS),
-                 lengths: Sequence[int] = LENGTHS, progress=None) -> list[OverheadResult]:
+                 lengths: Sequence[int] = LENGTHS, progress=None,
+                 draft_window: int = DRAFT_WINDOW) -> list[OverheadResult]:
     """Every (drafter, k, sampling); each the best of ``repeats`` runs (host time is noisy
     upwards only: the best run is the closest to the code's own cost)."""
     pools = make_pools(n_vocab)
@@ -201,7 +204,8 @@ def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int
     for drafter in drafters:
         for k in (lengths if drafter != "none" else lengths[:1]):
             for label in samplings:
-                runs = [measure(drafter, k, label, pools, prompt, n_tokens, seed=r)
+                runs = [measure(drafter, k, label, pools, prompt, n_tokens, seed=r,
+                                draft_window=draft_window)
                         for r in range(repeats)]
                 best = min(runs, key=lambda r: r.us_per_token)
                 results.append(best)
@@ -210,9 +214,12 @@ def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int
     return results
 
 
-def format_table(results: Sequence[OverheadResult], n_vocab: int) -> str:
+def format_table(results: Sequence[OverheadResult], n_vocab: int,
+                 draft_window: int = DRAFT_WINDOW) -> str:
     """The results as an aligned text table."""
-    lines = [f"host work per token, vocabulary {n_vocab:,} (synthetic model: no model time)",
+    window = f"draft window {draft_window}" if draft_window else "whole draft rows"
+    lines = [f"host work per token, vocabulary {n_vocab:,}, {window} "
+             "(synthetic model: no model time)",
              f"{'drafter':8} {'k':>3} {'sampling':16} {'µs/token':>9} {'µs/round':>9} "
              f"{'tok/round':>9}"]
     for r in results:

@@ -128,7 +128,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
            memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, overhead, vocab,
            llama_cpp_bin, json_path, plot_path, **opts) -> None:
     if overhead:
-        _overhead(vocab, repeats, json_path)
+        _overhead(vocab, repeats, json_path, opts["draft_window"])
         return
     from ..core.sampling import SamplingParams
     from ..runtime.drafters import DRAFTER_NAMES
@@ -413,7 +413,7 @@ def _report(settings, machine, prompts, configs, skipped, records, complete, swe
             click.echo(f"plot:    {plot_path}")
 
 
-def _overhead(vocab: int | None, repeats: int, json_path: Path | None) -> None:
+def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_window: int) -> None:
     import json
 
     from ..bench.overhead import DEFAULT_VOCAB, format_table, run_overhead
@@ -429,9 +429,10 @@ def _overhead(vocab: int | None, repeats: int, json_path: Path | None) -> None:
         click.echo(f"  {r.drafter:7} k={r.k:<2} {r.sampling:15} {r.us_per_token:8.1f} µs/token",
                    err=True)
 
-    results = run_overhead(n_vocab, repeats=repeats, progress=progress)
-    click.echo(format_table(results, n_vocab))
+    results = run_overhead(n_vocab, repeats=repeats, progress=progress, draft_window=draft_window)
+    click.echo(format_table(results, n_vocab, draft_window))
     if json_path is not None:
-        doc = {"overhead": [r.to_dict() for r in results], "vocab": n_vocab}
+        doc = {"overhead": [r.to_dict() for r in results], "vocab": n_vocab,
+               "draft_window": draft_window}
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
         click.echo(f"wrote {json_path}", err=True)
