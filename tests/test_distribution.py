@@ -375,6 +375,40 @@ def test_a_windowed_draft_on_full_vocabulary_rows_never_weighs_the_row(top, mode
     np.testing.assert_allclose(got.dense(), want, rtol=1e-9, atol=1e-17)
 
 
+@pytest.mark.parametrize("mode", ["t0.8", "top_k40", "top_p0.95", "min_p0.05", "all"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_window_from_the_device_equals_the_hosts(mode, seed):
+    # The backend hands its top-64 in any order (here shuffled), with ids past the target's
+    # vocabulary (a draft's padding) among them: the same q as the host's window of the row
+    # cut to the target's vocabulary.
+    params = {"t0.8": SamplingParams(temperature=0.8),
+              "top_k40": SamplingParams(temperature=0.8, top_k=40),
+              "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
+              "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
+              "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
+    row = vocab_row(seed=seed, top=[9.0, 14.0, 20.0][seed])
+    n = row.size - 100
+    row[n + 3] = row.max() + 1.0  # a padding id: not a token of the target
+    top = np.argsort(-row, kind="stable")[:65]
+    ids = np.random.default_rng(seed).permutation(top)
+    got = sampling.window_distribution(ids, row[ids], params, n)
+    want = sampling.draft_distribution(row[:n], params, n, window=64)
+    np.testing.assert_allclose(got.dense(), want.dense(), rtol=1e-12, atol=0)
+
+
+def test_a_window_from_the_device_raises_on_nan_and_on_no_token():
+    ids = np.array([4, 2, 9])
+    with pytest.raises(LogitsError):
+        sampling.window_distribution(ids, np.array([1, np.nan, 0], np.float32),
+                                     SamplingParams(temperature=0.8), 10)
+    with pytest.raises(LogitsError):
+        sampling.window_distribution(ids, np.array([1, 2, 0], np.float32),
+                                     SamplingParams(temperature=0.8), 2)
+    greedy = sampling.window_distribution(ids, np.array([1, 3, 3], np.float32),
+                                          SamplingParams(temperature=0), 10)
+    assert isinstance(greedy, OneHot) and greedy.token == 2  # a tie: the lowest id
+
+
 def test_a_window_changes_nothing_where_top_k_fits_it_or_the_row_is_short():
     row = vocab_row(top=14.0)
     for params, window in [(SamplingParams(temperature=0.8, top_k=40), 64),

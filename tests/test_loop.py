@@ -397,6 +397,40 @@ def test_a_windowed_draft_keeps_the_joint_the_targets(mode):
         assert paths[(a, Source.CORRECTED)] > 100
 
 
+class DeviceWindow(FakeLM):
+    """A draft that takes its window "on the device" (``decode_window``), as a GPU's does,
+    here as each row's ``w`` largest logits by a stable sort, handed out in reverse id order."""
+
+    device_window = True
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.windows = 0
+
+    def decode(self, tokens, n_logits):
+        assert not n_logits, "a row of logits reached the host"
+        return super().decode(tokens, n_logits)
+
+    def decode_window(self, tokens, n_logits, w):
+        rows = super().decode(tokens, n_logits)
+        self.windows += n_logits
+        ids = np.argsort(-rows, axis=1, kind="stable")[:, :w][:, ::-1].astype(np.int32)
+        return ids, np.take_along_axis(rows, ids, axis=1)
+
+
+@pytest.mark.parametrize("mode", STAT_MODES)
+def test_a_draft_window_taken_on_the_device_keeps_the_joint_the_targets(mode):
+    params = STAT_MODES[mode]
+    target = FakeLM(STAT_TABLE)
+    draft = DeviceWindow(Perturbed(STAT_TABLE, 22, 2.0))
+    paths = Counter()
+    counts = _first_three(target, ModelDrafter(draft, 4, window=2), params, N_STAT, 41, paths)
+    assert chi2_pvalue(counts, _exact_joint(params)) > ALPHA
+    assert draft.windows > N_STAT
+    for a in range(3):
+        assert paths[(a, Source.CORRECTED)] > 100
+
+
 def test_negative_control_a_windowed_draft_reporting_its_whole_row():
     # Tokens drawn from the window but tested against the whole row's q: no longer exact.
     class Misreported(ModelDrafter):

@@ -253,3 +253,76 @@ def test_a_context_that_cannot_run_the_sampler_falls_back_to_numpy(tiny_engine, 
         assert picks.tolist() == np.argmax(be.decode(ctx, 4), axis=1).tolist()
     finally:
         be.close()
+
+
+def _host_window(rows: np.ndarray, w: int) -> list[dict[int, float]]:
+    """Each row's w largest logits, by id (the rows of these tests have no tie at the edge)."""
+    out = []
+    for row in rows:
+        ids = np.argsort(-row, kind="stable")[:w]
+        assert row[ids[-1]] > np.sort(row)[row.size - w - 1], "a tie at the window's edge"
+        out.append({int(i): float(row[i]) for i in ids})
+    return out
+
+
+def test_backend_window_equals_the_rows_largest_logits(tiny_engine):
+    # decode_window (llama.cpp's top-k sampler in the graph: the draft window on a GPU) against
+    # the largest logits of decode's rows for the same batch, switching between window, rows
+    # and picks both ways; 5 rows span two batch-consistent pieces.
+    be = tiny_engine.target
+    ctx = be.tokenize(STORY)
+    batch = ctx[-5:]
+
+    def cache(prefix):
+        be.decode(prefix[be.sync(prefix):], 0)
+
+    for w in (64, 7):
+        cache(ctx[:-5])
+        ids, logits = be.decode_window(batch, 5, w)
+        assert be._attached == w  # the backend sampler answered, not the NumPy fallback
+        assert ids.shape == logits.shape == (5, w)
+        cache(ctx[:-5])
+        rows = be.decode(batch, 5)
+        assert be._attached is None
+        want = _host_window(rows, w)
+        got = [dict(zip(i.tolist(), v.tolist())) for i, v in zip(ids, logits)]
+        assert got == want
+        cache(ctx[:-5])
+        picks = be.decode_argmax(batch, 5)
+        assert picks.tolist() == np.argmax(rows, axis=1).tolist()
+    assert be.tokens == ctx
+
+
+def test_backend_window_without_backend_sampling_is_numpys(tiny_engine):
+    be = LlamaBackend(ModelOptions(path=tiny_engine.target.path, n_ctx=256, n_threads=2,
+                                   backend_sampling=False))
+    try:
+        assert not be.device_window  # (nor on this CPU with it: ggml's top-k costs more there)
+        ctx = be.tokenize(STORY)
+        ids, logits = be.decode_window(ctx, 3, 16)
+        assert be._attached is None
+        be.sync([])
+        want = _host_window(be.decode(ctx, 3), 16)
+        assert [dict(zip(i.tolist(), v.tolist())) for i, v in zip(ids, logits)] == want
+    finally:
+        be.close()
+
+
+def test_drafts_from_the_device_window_equal_the_host_windows(tiny_engine, monkeypatch):
+    # The model drafter forced onto the device window (as on a GPU) proposes what the host
+    # window proposes, with the same draws: one q per token, from 64 logits each.
+    from edgespec.core.sampling import SamplingParams, make_rng
+    from edgespec.runtime.drafters import ModelDrafter
+
+    be = tiny_engine.draft or tiny_engine.target
+    ctx = be.tokenize(STORY)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    drafts = {}
+    for on_device in (False, True):
+        monkeypatch.setattr(be, "device_window", on_device)
+        be.sync([])
+        drafts[on_device] = ModelDrafter(be, be.n_vocab, 64).propose(ctx, 6, params, make_rng(5))
+    assert be._attached == 64
+    assert drafts[True].tokens == drafts[False].tokens and len(drafts[True].tokens) == 6
+    for a, b in zip(drafts[True].q, drafts[False].q):
+        np.testing.assert_allclose(a.dense(), b.dense(), rtol=1e-12, atol=0)

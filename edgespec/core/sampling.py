@@ -153,6 +153,30 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
     return _filtered(x, top, found, params, None, n_vocab or x.size)
 
 
+def window_distribution(ids: np.ndarray, logits: np.ndarray, params: SamplingParams,
+                        n_vocab: int) -> AnyDist:
+    """A draft's proposal distribution from a window a backend took (``ids`` in any order,
+    their ``logits``): :func:`distribution` of a row whose every other logit is ``-inf``. Ids
+    at or past ``n_vocab`` (a draft's padding) are left out. Equal to
+    :func:`draft_distribution` when the window holds the row's largest logits (only a tie at
+    its edge can make a backend's window another one, and any window is exact)."""
+    keep = ids < n_vocab
+    order = np.argsort(ids[keep], kind="stable")
+    ids = ids[keep][order].astype(np.int64)
+    x = np.ascontiguousarray(logits[keep][order], dtype=np.float32)
+    if ids.size == 0:
+        raise LogitsError("the draft's window holds no token of the target's vocabulary")
+    # over positions 0..size-1 (ascending ids: ties go to the lowest id), as draft_distribution
+    top = float(x.max())
+    if params.greedy or not math.isfinite(top):  # (NaN raises, +inf as the reference says)
+        d = distribution(x, params)
+    else:
+        d = _filtered(x, top, np.arange(x.size), params, None, x.size)
+    if isinstance(d, OneHot):
+        return OneHot(int(ids[d.token]), n_vocab)
+    return Sparse(ids[d.ids], d.probs, n_vocab)
+
+
 #: a long row is read as this many slices of consecutive ids laid side by side (a column is the
 #: ids that are equal mod the row's length // _SLICES)
 _SLICES = 64

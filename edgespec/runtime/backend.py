@@ -388,12 +388,20 @@ class LlamaBackend:
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
         self.path = path
-        # llama.cpp's backend sampling: a one-sampler chain (greedy) attached to sequence 0
-        # while greedy rows are decoded (attached, the raw logits are not copied out)
-        self._argmax_chain = None
-        self._argmax_on = False
+        # llama.cpp's backend sampling: a one-sampler chain attached to sequence 0 while its
+        # rows are decoded (attached, the raw logits are not copied out): greedy's pick, or a
+        # draft window's top-k
+        self._chain = None  #: the chain attached now, if any
+        self._attached: str | int | None = None  #: "argmax", a window's size, or None
+        self._retired: list = []  #: chains detached since the last decode (freed after it)
         self.backend_argmax: bool = (options.backend_sampling
                                      and hasattr(llama_cpp, "llama_set_sampler"))
+        ngl = options.n_gpu_layers
+        #: a draft window (:meth:`decode_window`) is taken in llama.cpp's graph, and the rows
+        #: never reach the host: where the output layer is on a local GPU (on the CPU, ggml's
+        #: top-k, a partial sort of the whole row, costs more than edgespec's own window)
+        self.device_window: bool = (self.backend_argmax and on_gpu and (
+            ngl < 0 or ngl > llama_cpp.llama_model_n_layer(self._model.model)))
         self._watchdog = None
         if options.rpc:
             from .rpc import Watchdog
@@ -421,9 +429,10 @@ class LlamaBackend:
         if getattr(self, "_ctx", None) is not None:
             self._ctx.close()
             self._ctx = None
-        if getattr(self, "_argmax_chain", None) is not None:  # (after the context using it)
-            llama_cpp.llama_sampler_free(self._argmax_chain)
-            self._argmax_chain = None
+        for chain in [getattr(self, "_chain", None), *getattr(self, "_retired", [])]:
+            if chain is not None:  # (after the context using it)
+                llama_cpp.llama_sampler_free(chain)
+        self._chain, self._retired = None, []
         if getattr(self, "_model", None) is not None:
             self._model.close()
             self._model = None
@@ -458,9 +467,9 @@ class LlamaBackend:
         call produced every row, it is llama.cpp's own output buffer (no copy). Copy what you
         keep.
         """
-        if n_logits and self._argmax_on:
-            self._attach_argmax(False)
-        return self._decode(tokens, n_logits, False)
+        if n_logits and self._attached is not None:
+            self._attach(None)
+        return self._decode(tokens, n_logits, None)
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Like :meth:`decode`, but return only each row's arg-max token id (int32, shape
@@ -470,30 +479,62 @@ class LlamaBackend:
         (the last on the CPU). Otherwise it is NumPy's ``argmax`` of :meth:`decode`'s rows (the
         lowest id). Either way one backend gives one answer for the same logits, so greedy
         speculation and plain greedy decoding agree."""
-        if n_logits and self.backend_argmax and not self._argmax_on:
-            self._attach_argmax(True)
+        if n_logits and self.backend_argmax and self._attached != "argmax":
+            self._attach("argmax")
         if n_logits and self._argmax_on:
-            return self._decode(tokens, n_logits, True)
+            return self._decode(tokens, n_logits, "argmax")
         return np.argmax(self.decode(tokens, n_logits), axis=1).astype(np.int32)
 
-    def _attach_argmax(self, on: bool) -> None:
+    def decode_window(self, tokens: Sequence[int], n_logits: int,
+                      window: int) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`decode`, but return only each row's ``window`` largest logits: ``(ids,
+        logits)``, int32 and float32 arrays of shape ``(n_logits, window)`` (fewer columns if
+        the vocabulary is smaller), in no particular order; ties at the window's edge are
+        broken as the device's top-k breaks them. With backend sampling llama.cpp's own top-k
+        sampler takes them inside its graph, and the rows never reach the host; otherwise
+        NumPy takes them from :meth:`decode`'s rows. For a draft's proposals
+        (:func:`edgespec.core.sampling.window_distribution`): any window is exact there."""
+        window = min(window, self.n_vocab)
+        if n_logits and window > 0 and self.backend_argmax and self._attached != window:
+            self._attach(window)
+        if n_logits and window > 0 and self._attached == window:
+            return self._decode(tokens, n_logits, window)
+        rows = self.decode(tokens, n_logits)
+        if not n_logits or window <= 0:
+            return np.empty((n_logits, 0), np.int32), np.empty((n_logits, 0), np.float32)
+        ids = np.argpartition(rows, rows.shape[1] - window, axis=1)[:, rows.shape[1] - window:]
+        return ids.astype(np.int32), np.take_along_axis(rows, ids, axis=1)
+
+    @property
+    def _argmax_on(self) -> bool:
+        return self._attached == "argmax"
+
+    def _attach(self, kind: str | int | None) -> None:
+        """Attach llama.cpp's greedy sampler (``"argmax"``), a top-k of ``kind`` (an int: a
+        draft window), or nothing (``None``) to sequence 0. A context that cannot run one
+        (e.g. split mode "tensor") gets NumPy's answers from then on."""
         # A chain is initialised for its context once (llama.cpp aborts on a second
         # attach), so each attach makes a new one. A detached chain is freed at the next
         # change, once a decode has rebuilt the graph without it.
-        if self._argmax_chain is not None and not self._argmax_on:
-            llama_cpp.llama_sampler_free(self._argmax_chain)
-            self._argmax_chain = None
-        if on:
+        for chain in self._retired:
+            llama_cpp.llama_sampler_free(chain)
+        self._retired = [self._chain] if self._chain is not None else []
+        self._chain = None
+        if kind is not None:
             chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-            self._argmax_chain = chain
-        ok = llama_cpp.llama_set_sampler(self._ctx.ctx, 0, self._argmax_chain if on else None)
-        if on and not ok:  # this context cannot run it (e.g. split mode "tensor"): NumPy's
-            self.backend_argmax = False
-            on = False
-        self._argmax_on = on
+            sampler = (llama_cpp.llama_sampler_init_greedy() if kind == "argmax"
+                       else llama_cpp.llama_sampler_init_top_k(int(kind)))
+            llama_cpp.llama_sampler_chain_add(chain, sampler)
+            self._chain = chain
+        ok = llama_cpp.llama_set_sampler(self._ctx.ctx, 0, self._chain)
+        if kind is not None and not ok:  # NumPy's answers from now on
+            self.backend_argmax = self.device_window = False
+            llama_cpp.llama_set_sampler(self._ctx.ctx, 0, None)
+            kind = None
+        self._attached = kind
 
-    def _decode(self, tokens: Sequence[int], n_logits: int, argmax: bool) -> np.ndarray:
+    def _decode(self, tokens: Sequence[int], n_logits: int,
+                sampled: str | int | None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         if not 0 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
         start = len(self.tokens)
@@ -504,8 +545,14 @@ class LlamaBackend:
         first_logit = len(tokens) - n_logits
         width = self.fixed_width
         spans = self._chunks(len(tokens), first_logit)
-        if argmax:
-            out = np.empty(n_logits, np.int32)
+        window = None
+        if sampled is not None:
+            if sampled == "argmax":
+                out = np.empty(n_logits, np.int32)
+            else:
+                out = None
+                window = (np.empty((n_logits, sampled), np.int32),
+                          np.empty((n_logits, sampled), np.float32))
             single = False
             if not self._pieces and not width:
                 spans = self._chunks(len(tokens), first_logit, MAX_SAMPLED_ROWS)
@@ -554,7 +601,10 @@ class LlamaBackend:
                     lo = max(c0, first_logit) - first_logit
                     rows = m - skip
                     first = skip if padded else 0  # output index of the first row read
-                    if argmax:
+                    if window is not None:
+                        self._sampled_window(window, lo, rows, first)
+                        continue
+                    if sampled is not None:
                         self._sampled_ids(out[lo:lo + rows], first)
                         continue
                     got = self._logits_view(n if padded else rows)[first:first + rows]
@@ -567,10 +617,29 @@ class LlamaBackend:
             # Forget it all; the next sync() re-decodes the prompt. Never silently wrong.
             self.reset()
             raise
+        if window is not None:
+            return window
         if out is None:
             return np.empty((0, self.n_vocab), np.float32)
         out.flags.writeable = False
         return out
+
+    def _sampled_window(self, out: tuple[np.ndarray, np.ndarray], lo: int, rows: int,
+                        first: int) -> None:
+        """The backend top-k's ids and logits for ``rows`` outputs of the last call from
+        ``first`` on, into rows ``lo``... of ``out``."""
+        ctx = self._ctx.ctx
+        ids, logits = out
+        width = ids.shape[1]
+        for j in range(rows):
+            n = llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first + j)
+            got_ids = llama_cpp.llama_get_sampled_candidates_ith(ctx, first + j)
+            got_logits = llama_cpp.llama_get_sampled_logits_ith(ctx, first + j)
+            if n != width or not got_ids or not got_logits or (
+                    llama_cpp.llama_get_sampled_logits_count_ith(ctx, first + j) != width):
+                raise ModelError(f"llama.cpp's backend top-k returned {n} of {width} candidates")
+            ids[lo + j] = np.ctypeslib.as_array(got_ids, shape=(width,))
+            logits[lo + j] = np.ctypeslib.as_array(got_logits, shape=(width,))
 
     def _sampled_ids(self, out: np.ndarray, first: int = 0) -> None:
         """The backend sampler's picks for the last call's outputs from ``first`` on, into ``out``."""

@@ -24,7 +24,7 @@ import numpy as np
 from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
 from ..core.lookup import NgramIndex, common_prefix, find_continuation
 from ..core.dist import AnyDist
-from ..core.sampling import SamplingParams, draft_distribution
+from ..core.sampling import SamplingParams, draft_distribution, window_distribution
 from ..errors import ConfigError
 
 DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
@@ -54,7 +54,9 @@ class DraftModel(Protocol):
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
 
     # Optional: ``decode_argmax(tokens, n_logits)``, the rows' arg-max ids only (greedy drafts
-    # then never bring a row of logits to the host).
+    # then never bring a row of logits to the host); ``decode_window(tokens, n_logits, w)``,
+    # each row's w largest logits and their ids, used where ``device_window`` is true (the
+    # device takes the window, and sampled drafts never bring a row to the host either).
 
 
 class Drafter(Protocol):
@@ -143,6 +145,8 @@ class ModelDrafter:
             n_cached -= 1
         if params.greedy and hasattr(self.model, "decode_argmax"):
             return self._propose_greedy(context[n_cached:], k, draft)
+        if not params.greedy and self.window and getattr(self.model, "device_window", False):
+            return self._propose_on_device(context[n_cached:], k, params, rng, draft)
         logits = self.model.decode(context[n_cached:], 1)[0]
         for i in range(k):
             if logits.size > self.n_vocab:  # padding rows past the target's vocabulary
@@ -156,6 +160,21 @@ class ModelDrafter:
             draft.q.append(q)
             if i + 1 < k:
                 logits = self.model.decode([x], 1)[0]
+        return draft
+
+    def _propose_on_device(self, feed: Sequence[int], k: int, params: SamplingParams,
+                           rng: np.random.Generator, draft: Draft) -> Draft:
+        """Sampled drafts from windows the draft model's device took (its top-k in
+        llama.cpp's graph): only ``window`` logits per row reach the host."""
+        decode = self.model.decode_window
+        ids, logits = decode(feed, 1, self.window)
+        for i in range(k):
+            q = window_distribution(ids[0], logits[0], params, self.n_vocab)
+            x = q.sample(rng)
+            draft.tokens.append(x)
+            draft.q.append(q)
+            if i + 1 < k:
+                ids, logits = decode([x], 1, self.window)
         return draft
 
     def _propose_greedy(self, feed: Sequence[int], k: int, draft: Draft) -> Draft:
