@@ -326,3 +326,8 @@ def test_drafts_from_the_device_window_equal_the_host_windows(tiny_engine, monke
     assert drafts[True].tokens == drafts[False].tokens and len(drafts[True].tokens) == 6
     for a, b in zip(drafts[True].q, drafts[False].q):
         np.testing.assert_allclose(a.dense(), b.dense(), rtol=1e-12, atol=0)
+
+
+def test_a_self_draft_has_no_draft_window(tiny_engine):
+    # (the tiny pair drafts for itself: q must stay the target's own p, bit for bit)
+    assert tiny_engine.draft_window == 0

@@ -257,7 +257,8 @@ class Engine:
         ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
         DEFAULT_DRAFT_LENGTH). ``draft_window``: a sampled draft model proposes from its this
         many most likely tokens (0: its whole row; the output's distribution is the target's
-        either way, see :func:`edgespec.core.sampling.draft_distribution`). With drafter ``auto`` the costs are measured right after loading
+        either way, see :func:`edgespec.core.sampling.draft_distribution`); a draft that is
+        the target's own file always drafts from its whole rows, so that q == p. With drafter ``auto`` the costs are measured right after loading
         (:meth:`calibrate`).
         """
         from ..models.catalog import resolve_pair
@@ -313,8 +314,11 @@ class Engine:
             if draft_path is not None:
                 # Exactness needs only the target's logits to be batch-independent: the draft's
                 # q is whatever it samples from, so it keeps the fastest kernels. A draft that
-                # is the target's own file keeps the target's settings, so that q == p exactly.
+                # is the target's own file keeps the target's settings, and its whole rows (no
+                # draft window), so that q == p exactly.
                 same_file = draft_path.resolve() == target_path.resolve()
+                if same_file:
+                    draft_window = 0
                 draft_be = LlamaBackend(options(draft_path, draft_n_gpu_layers,
                                                 batch_consistent and same_file,
                                                 fixed_width if same_file else 0, drafts_rpc))
