@@ -399,7 +399,7 @@ class LlamaBackend:
         ngl = options.n_gpu_layers
         #: a draft window (:meth:`decode_window`) is taken in llama.cpp's graph, and the rows
         #: never reach the host: where the output layer is on a local GPU (on the CPU, ggml's
-        #: top-k, a partial sort of the whole row, costs more than edgespec's own window)
+        #: top-k, a partial sort of the whole row, measured no faster than the host's window)
         self.device_window: bool = (self.backend_argmax and on_gpu and (
             ngl < 0 or ngl > llama_cpp.llama_model_n_layer(self._model.model)))
         self._watchdog = None
