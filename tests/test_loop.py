@@ -431,6 +431,18 @@ def test_a_draft_window_taken_on_the_device_keeps_the_joint_the_targets(mode):
         assert paths[(a, Source.CORRECTED)] > 100
 
 
+def test_a_device_window_of_padding_ids_only_stops_the_draft():
+    class Padding(DeviceWindow):
+        def decode_window(self, tokens, n_logits, w):
+            ids, logits = super().decode_window(tokens, n_logits, w)
+            return ids + 4, logits  # every id past the target's 4 tokens
+
+    draft = Padding(Perturbed(STAT_TABLE, 22, 2.0))
+    draft.sync([])
+    out = ModelDrafter(draft, 4, window=2).propose(STAT_PROMPT, 3, T1, make_rng(0))
+    assert out.tokens == [] and draft.windows == 1
+
+
 def test_negative_control_a_windowed_draft_reporting_its_whole_row():
     # Tokens drawn from the window but tested against the whole row's q: no longer exact.
     class Misreported(ModelDrafter):

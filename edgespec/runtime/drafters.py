@@ -169,6 +169,8 @@ class ModelDrafter:
         decode = self.model.decode_window
         ids, logits = decode(feed, 1, self.window)
         for i in range(k):
+            if not (ids[0] < self.n_vocab).any():  # only padding ids past the target's: stop
+                break
             q = window_distribution(ids[0], logits[0], params, self.n_vocab)
             x = q.sample(rng)
             draft.tokens.append(x)
