@@ -395,6 +395,7 @@ def test_the_reference_runs_with_the_targets_offload_and_the_settings_record_it(
     assert FakeReference.kwargs == {"n_gpu_layers": -1}
     settings = json.loads((tmp / "r.json").read_text())["settings"]
     assert settings["n_gpu_layers"] == -1 and settings["draft_n_gpu_layers"] == 5
+    assert settings["draft_window"] == 64 and settings["draft_window_mode"] == "host"
 
 
 def test_auto_is_skipped_with_a_reason_when_it_cannot_run(fake_bench, monkeypatch):

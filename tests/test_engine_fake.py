@@ -231,6 +231,15 @@ def test_the_engines_draft_window_reaches_the_draft_model(monkeypatch):
     assert Engine(e.target, e.draft).draft_window == config.DRAFT_WINDOW
 
 
+def test_the_draft_window_mode_says_where_the_window_is_taken():
+    e = build(draft="perturbed")
+    assert Engine(e.target, e.draft).draft_window_mode == "host"
+    assert Engine(e.target, e.draft, draft_window=0).draft_window_mode == "off"
+    assert Engine(e.target, None, drafter="lookup").draft_window_mode == "off"
+    e.draft.device_window = True
+    assert Engine(e.target, e.draft).draft_window_mode == "device"
+
+
 def test_model_drafter_on_an_engine_without_draft_is_a_config_error():
     engine = build(drafter="lookup", draft=None)
     with pytest.raises(ConfigError, match="draft model"):

@@ -210,6 +210,16 @@ def _report(mode: str, results) -> str:
     return format_report(header, results, [], 32)
 
 
+def test_the_report_says_where_the_draft_window_is_taken():
+    from edgespec.cli.verify import format_report
+
+    header = {"target": "t.gguf", "draft": "d.gguf", "kernels": "k", "kernel_mode": "k"}
+    assert "draft window" not in format_report(dict(header, draft_window=0,
+                                                    draft_window_mode="off"), [], [], 32)
+    text = format_report(dict(header, draft_window=64, draft_window_mode="device"), [], [], 32)
+    assert "draft window: 64 tokens (device)" in text
+
+
 def test_the_report_names_the_mode_and_excuses_only_measured_near_ties():
     from edgespec.bench.verify import GreedyResult
 

@@ -242,7 +242,8 @@ def _offload(engine: Engine) -> dict:
         return getattr(getattr(backend, "options", None), "n_gpu_layers", None)
 
     return {"n_gpu_layers": ngl(engine.target) or 0,
-            "draft_n_gpu_layers": ngl(engine.draft) if engine.draft is not None else None}
+            "draft_n_gpu_layers": ngl(engine.draft) if engine.draft is not None else None,
+            "draft_window": engine.draft_window, "draft_window_mode": engine.draft_window_mode}
 
 
 def _anchor_plan(engine: Engine, prompts: Sequence[BenchPrompt], max_tokens: int, opts: dict,

@@ -145,6 +145,7 @@ def _header(engine, params) -> dict:
         "rpc": list(workers),
         "kernels": kernels,
         "kernel_mode": mode_of(engine.target),
+        "draft_window": engine.draft_window, "draft_window_mode": engine.draft_window_mode,
         "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
         "min_p": params.min_p,
     }
@@ -154,6 +155,8 @@ def format_report(header: dict, greedy, sampling, greedy_tokens: int) -> str:
     """The human-readable audit: one line per check, then the verdict."""
     lines = [f"target {header['target']}, draft {header['draft'] or '(none)'}",
              f"kernels: {header['kernels']}"]
+    if header.get("draft_window_mode", "off") != "off":
+        lines.append(f"draft window: {header['draft_window']} tokens ({header['draft_window_mode']})")
     if greedy:
         prompts = sorted({r.prompt for r in greedy})
         tolerance = greedy[0].tolerance

@@ -345,6 +345,15 @@ class Engine:
             target_be.close()
             raise
 
+    @property
+    def draft_window_mode(self) -> str:
+        """Where sampled drafts take their window: ``off`` (whole rows, or no draft model),
+        ``host`` (edgespec's threshold pass) or ``device`` (llama.cpp's top-k in the draft's
+        graph, where its output layer is on a local GPU)."""
+        if not self.draft_window or self.draft is None:
+            return "off"
+        return "device" if getattr(self.draft, "device_window", False) else "host"
+
     def calibrate(self, *, force: bool = False) -> Costs:
         """Measure t(n) of the target (n in CALIBRATION_POINTS, as the time budget allows) and the
         draft model's per-token cost: about a second on a small CPU, far less on a GPU.
