@@ -240,6 +240,16 @@ def test_the_draft_window_mode_says_where_the_window_is_taken():
     assert Engine(e.target, e.draft).draft_window_mode == "device"
 
 
+def test_a_draft_that_is_the_targets_own_file_has_no_window(tmp_path):
+    # (however the engine is made: its q must stay the target's p, bit for bit)
+    e = build(draft="perturbed")
+    e.target.path = tmp_path / "m.gguf"
+    e.draft.path = tmp_path / "." / "m.gguf"
+    assert Engine(e.target, e.draft, draft_window=16).draft_window == 0
+    e.draft.path = tmp_path / "other.gguf"
+    assert Engine(e.target, e.draft, draft_window=16).draft_window == 16
+
+
 def test_model_drafter_on_an_engine_without_draft_is_a_config_error():
     engine = build(drafter="lookup", draft=None)
     with pytest.raises(ConfigError, match="draft model"):

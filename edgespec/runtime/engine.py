@@ -113,6 +113,12 @@ def validate_draft_window(window: int) -> int:
     return window
 
 
+def _same_file(target, draft) -> bool:
+    """Whether two backends load the same model file (fakes without a ``path``: no)."""
+    a, b = getattr(target, "path", None), getattr(draft, "path", None)
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+
+
 def check_prompt(prompt: Prompt) -> None:
     """Raise :class:`ConfigError` for an empty prompt: blank text, or no messages. Cheap, so
     callers can check before loading any model."""
@@ -192,6 +198,8 @@ class Engine:
         self.draft = draft
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.draft_window = validate_draft_window(draft_window)
+        if draft is not None and _same_file(target, draft):
+            self.draft_window = 0  # a self-draft's q must stay its target's p, bit for bit
         self.drafter_name = check_drafter_name(drafter)
         if drafter in ("model", "hybrid") and draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
@@ -314,11 +322,9 @@ class Engine:
             if draft_path is not None:
                 # Exactness needs only the target's logits to be batch-independent: the draft's
                 # q is whatever it samples from, so it keeps the fastest kernels. A draft that
-                # is the target's own file keeps the target's settings, and its whole rows (no
-                # draft window), so that q == p exactly.
+                # is the target's own file keeps the target's settings (and, in the Engine, its
+                # whole rows), so that q == p exactly.
                 same_file = draft_path.resolve() == target_path.resolve()
-                if same_file:
-                    draft_window = 0
                 draft_be = LlamaBackend(options(draft_path, draft_n_gpu_layers,
                                                 batch_consistent and same_file,
                                                 fixed_width if same_file else 0, drafts_rpc))
