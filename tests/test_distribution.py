@@ -246,14 +246,18 @@ def vocab_row(n: int = 151_936, seed: int = 0, top: float = 14.0) -> np.ndarray:
     return row
 
 
+#: the overhead bench's sampling settings, for rows of the default vocabulary
+VOCAB_MODES = {"t0.8": SamplingParams(temperature=0.8),
+               "top_k40": SamplingParams(temperature=0.8, top_k=40),
+               "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
+               "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
+               "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}
+
+
 @pytest.mark.parametrize("top", [9.0, 14.0, 20.0])  # flat (wide nucleus) to confident
-@pytest.mark.parametrize("mode", ["t0.8", "top_k40", "top_p0.95", "min_p0.05", "all"])
+@pytest.mark.parametrize("mode", VOCAB_MODES)
 def test_full_vocabulary_rows(top, mode):
-    params = {"t0.8": SamplingParams(temperature=0.8),
-              "top_k40": SamplingParams(temperature=0.8, top_k=40),
-              "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
-              "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
-              "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
+    params = VOCAB_MODES[mode]
     # float32 weights (see above) for plain temperature and for top-p's flat rows (whose
     # nucleus is most of the vocabulary: kept dense, the dropped weights zeroed); top-p over a
     # very wide candidate set takes its total from the float32 pass, so its cut may move by
@@ -355,13 +359,9 @@ def test_a_windowed_draft_is_the_dense_reference_on_the_windowed_row(row, params
 
 
 @pytest.mark.parametrize("top", [9.0, 14.0, 20.0])
-@pytest.mark.parametrize("mode", ["t0.8", "top_k40", "top_p0.95", "min_p0.05", "all"])
+@pytest.mark.parametrize("mode", VOCAB_MODES)
 def test_a_windowed_draft_on_full_vocabulary_rows_never_weighs_the_row(top, mode, monkeypatch):
-    params = {"t0.8": SamplingParams(temperature=0.8),
-              "top_k40": SamplingParams(temperature=0.8, top_k=40),
-              "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
-              "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
-              "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
+    params = VOCAB_MODES[mode]
     row = vocab_row(top=top)
     want = process(windowed(row, 64), params)
 
@@ -375,17 +375,13 @@ def test_a_windowed_draft_on_full_vocabulary_rows_never_weighs_the_row(top, mode
     np.testing.assert_allclose(got.dense(), want, rtol=1e-9, atol=1e-17)
 
 
-@pytest.mark.parametrize("mode", ["t0.8", "top_k40", "top_p0.95", "min_p0.05", "all"])
+@pytest.mark.parametrize("mode", VOCAB_MODES)
 @pytest.mark.parametrize("seed", range(3))
 def test_a_window_from_the_device_equals_the_hosts(mode, seed):
     # The backend hands its top-64 in any order (here shuffled), with ids past the target's
     # vocabulary (a draft's padding) among them: the same q as the host's window of the row
     # cut to the target's vocabulary.
-    params = {"t0.8": SamplingParams(temperature=0.8),
-              "top_k40": SamplingParams(temperature=0.8, top_k=40),
-              "top_p0.95": SamplingParams(temperature=0.8, top_p=0.95),
-              "min_p0.05": SamplingParams(temperature=0.8, min_p=0.05),
-              "all": SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)}[mode]
+    params = VOCAB_MODES[mode]
     row = vocab_row(seed=seed, top=[9.0, 14.0, 20.0][seed])
     n = row.size - 100
     row[n + 3] = row.max() + 1.0  # a padding id: not a token of the target

@@ -198,6 +198,11 @@ def test_numpy_first_still_gives_one_llama_cpp_bound_only_to_itself(tmp_path):
     assert not crossing, crossing[:5]
 
 
+def _cache(be, prefix):
+    """Bring ``be``'s KV cache to ``prefix`` (no rows read)."""
+    be.decode(prefix[be.sync(prefix):], 0)
+
+
 def test_backend_picks_equal_the_argmax_of_the_rows(tiny_engine):
     # decode_argmax (llama.cpp's greedy sampler in the graph) against NumPy's argmax of the
     # rows of the same batch, switching between the two modes both ways: 7 rows span three
@@ -206,19 +211,16 @@ def test_backend_picks_equal_the_argmax_of_the_rows(tiny_engine):
     ctx = be.tokenize(STORY)
     batch = ctx[-7:]
 
-    def cache(prefix):
-        be.decode(prefix[be.sync(prefix):], 0)
-
     assert be.backend_argmax
     for _ in range(2):
-        cache(ctx[:-7])
+        _cache(be, ctx[:-7])
         picks = be.decode_argmax(batch, 7)
         assert be._argmax_on  # the backend sampler answered, not the NumPy fallback
-        cache(ctx[:-7])
+        _cache(be, ctx[:-7])
         rows = be.decode(batch, 7)
         assert not be._argmax_on
         assert picks.tolist() == np.argmax(rows, axis=1).tolist()
-    cache(ctx[:-1])
+    _cache(be, ctx[:-1])
     assert be.decode_argmax(ctx[-1:], 0).size == 0 and not be._argmax_on  # no rows: no switch
     assert be.tokens == ctx
 
@@ -273,21 +275,18 @@ def test_backend_window_equals_the_rows_largest_logits(tiny_engine):
     ctx = be.tokenize(STORY)
     batch = ctx[-5:]
 
-    def cache(prefix):
-        be.decode(prefix[be.sync(prefix):], 0)
-
     for w in (64, 7):
-        cache(ctx[:-5])
+        _cache(be, ctx[:-5])
         ids, logits = be.decode_window(batch, 5, w)
         assert be._attached == w  # the backend sampler answered, not the NumPy fallback
         assert ids.shape == logits.shape == (5, w)
-        cache(ctx[:-5])
+        _cache(be, ctx[:-5])
         rows = be.decode(batch, 5)
         assert be._attached is None
         want = _host_window(rows, w)
         got = [dict(zip(i.tolist(), v.tolist())) for i, v in zip(ids, logits)]
         assert got == want
-        cache(ctx[:-5])
+        _cache(be, ctx[:-5])
         picks = be.decode_argmax(batch, 5)
         assert picks.tolist() == np.argmax(rows, axis=1).tolist()
     assert be.tokens == ctx

@@ -97,7 +97,7 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
         # max, not argmax: NumPy's argmax copies a read-only array first, and llama.cpp's rows
         # are read-only views of its buffer (a copy would cost one more pass over the row)
         maxima = _Maxima.of(x) if (0 < params.top_k or params.min_p > 0.0) else None
-        top = float(x.max()) if maxima is None else maxima.top  # NaN if there is one
+        top = _row_max(x, maxima)  # NaN if there is one
     if top != top or top == np.inf:  # NaN (raises) or +inf logits: the reference handles it
         return _from_dense(process(x, params))
     if top == -np.inf:
@@ -107,12 +107,11 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     t = params.temperature
     k = params.top_k if 0 < params.top_k < x.size else 0
     if k:
-        ids = _top_candidates(x, k)[0] if maxima is None else maxima.top_ids(k, t)
+        ids = _top_ids(x, k, t, maxima)
     elif params.top_p < 1.0:
         return _nucleus(x, top, params, n, maxima)
     elif params.min_p > 0.0:
-        floor = top + t * (np.log(params.min_p) - 1e-6)
-        ids = (x >= floor).nonzero()[0] if maxima is None else maxima.at_least(floor)
+        ids = _at_least(x, _min_p_floor(top, params), maxima)
     else:
         return _dense(x, top, t, n)
     return _filtered(x, top, ids, params, None, n)
@@ -137,16 +136,13 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
             0 < params.top_k <= window):
         return distribution(x, params, n_vocab)
     maxima = _Maxima.of(x)
-    top = float(x.max()) if maxima is None else maxima.top
+    top = _row_max(x, maxima)
     if top != top or top == np.inf or top == -np.inf:  # NaN, +inf, all -inf: as distribution()
         return distribution(x, params, n_vocab)
     if params.min_p > 0.0 and params.top_p >= 1.0:
-        # min-p's own floor usually keeps fewer tokens than the window
-        floor = top + params.temperature * (np.log(params.min_p) - 1e-6)
-        found = (x >= floor).nonzero()[0] if maxima is None else maxima.at_least(floor)
+        found = _at_least(x, _min_p_floor(top, params), maxima)  # (usually fewer than the window)
     else:
-        found = (_top_candidates(x, window)[0] if maxima is None
-                 else maxima.top_ids(window, params.temperature))
+        found = _top_ids(x, window, params.temperature, maxima)
     if found.size > window:
         values = x[found]
         found = found[values >= np.partition(values, found.size - window)[found.size - window]]
@@ -239,6 +235,27 @@ class _Maxima:
             return _top_candidates(self.x, k)[0]
         # (float64's (x - top) / t and exp merge logits ~1e-15 apart, relative to these)
         return self.at_least(kth - 1e-9 * (t + abs(kth) + abs(self.top)))
+
+
+def _row_max(x: np.ndarray, maxima: _Maxima | None) -> float:
+    """The row's largest logit (NaN if it has one), from its maxima if made."""
+    return float(x.max()) if maxima is None else maxima.top
+
+
+def _min_p_floor(top: float, params: SamplingParams) -> float:
+    """A logit below which min-p keeps no token (1e-6 lower: the filter itself decides the
+    tokens at its edge)."""
+    return top + params.temperature * (np.log(params.min_p) - 1e-6)
+
+
+def _at_least(x: np.ndarray, floor: float, maxima: _Maxima | None) -> np.ndarray:
+    """Ids (ascending) of the logits ``>= floor``, through the row's maxima if made."""
+    return (x >= floor).nonzero()[0] if maxima is None else maxima.at_least(floor)
+
+
+def _top_ids(x: np.ndarray, k: int, t: float, maxima: _Maxima | None) -> np.ndarray:
+    """Ids (ascending) of a superset of the k largest logits, every tie with the k-th in."""
+    return _top_candidates(x, k)[0] if maxima is None else maxima.top_ids(k, t)
 
 
 def _top_candidates(x: np.ndarray, k: int,
@@ -435,8 +452,8 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int,
     if params.min_p > 0.0:
         # min-p keeps a prefix of the same descending order as top-p: the shorter prefix wins,
         # and the min-p bound holds it
-        floor = top + t * (np.log(params.min_p) - 1e-6)
-        minp_ids = (x >= floor).nonzero()[0] if maxima is None else maxima.at_least(floor)
+        floor = _min_p_floor(top, params)
+        minp_ids = _at_least(x, floor, maxima)
         if minp_ids.size <= _MAX_CANDIDATES:
             ids, w = minp_ids, _weights(x, minp_ids, top, t)
             found = _bounded(x, top, params, ids, w, floor, True, n)
