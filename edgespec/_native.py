@@ -1,17 +1,22 @@
 """llama.cpp's native libraries, reached without importing llama_cpp (the foundation: every
 layer may use it, and it imports nothing from edgespec).
 
-- :func:`preload`: load llama.cpp's shared library before NumPy's (the CUDA load crash,
-  issue 11);
+- :func:`preload`: put the C++ runtime in the global scope and load llama.cpp's shared library
+  (the CUDA crashes of issue 11);
 - :func:`exp_kernel`: ggml's vectorised ``exp`` for the sampler's untruncated rows (issue 10).
 
-On a CUDA build (seen on an H100 with NumPy 2.5.2), loading a model segfaults inside llama.cpp's
-tokenizer set-up whenever NumPy's extension modules were loaded before ``libllama``; loaded
-after it, everything works. ``import edgespec`` therefore loads llama-cpp-python's own
-``lib/libllama.so`` (the very file ``llama_cpp`` loads next, so there is one copy of llama.cpp
-and of the ggml it links) without importing any Python module. An application that imported
-NumPy before edgespec is not helped (``RTLD_DEEPBIND`` was tried on the H100: it still crashes),
-and ``preload`` then says ``loaded-late``. ``EDGESPEC_NO_PRELOAD=1`` turns this off.
+The CUDA crashes, as measured on an H200 (CUDA 13.0, NumPy 2.5.2, 2026-11-26): loading a model
+segfaulted whenever NumPy was imported before ``llama_cpp``, and ``edgespec bench`` segfaulted at
+exit even when it was not. The backtrace of the load crash ends in ``llama_model::print_info``
+calling ``std::ostream::_M_insert<long>``, run from the copy of that libstdc++ function inside
+``libggml-cuda.so`` (the CUDA build exports ~1,800 ``std::`` symbols of its own and does not
+link ``libstdc++.so.6``), on objects built by ``libstdc++.so.6``. NumPy's extension modules load
+``libstdc++.so.6`` into their own local scope, which changes which copy a symbol binds to. With
+``libstdc++.so.6`` loaded into the global scope before ``libllama`` (``RTLD_GLOBAL``), every
+library binds the one C++ runtime: NumPy first loaded 3 of 3 times, and the exit crash was gone
+(``bench --sweep``: 2 of 2 crashed without it, 0 of 2 with it). Doing it after ``libllama`` is
+loaded does not help, so ``import edgespec`` does it before anything imports ``llama_cpp``,
+whenever NumPy came. ``EDGESPEC_NO_PRELOAD=1`` turns this off.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from pathlib import Path
 from typing import Callable
 
 _handle: ctypes.CDLL | None = None
+
+#: the C++ runtime every llama.cpp library must bind (see the module docstring)
+CXX_RUNTIME = "libstdc++.so.6"
 
 
 def library_path() -> Path | None:
@@ -42,9 +50,10 @@ def library_path() -> Path | None:
 
 
 def preload() -> str:
-    """Load libllama now; return how (for diagnostics): ``off``, ``absent``, ``loaded``,
-    ``loaded-late`` (NumPy was loaded first), ``already`` or ``failed: ...``. Never raises: llama_cpp's own import
-    reports a broken library later, with its message."""
+    """Make ``libstdc++.so.6`` global, then load libllama; return how (for diagnostics):
+    ``off``, ``absent``, ``loaded``, ``loaded-no-libstdc++`` (no such library here: nothing to
+    bind apart), ``already`` (llama_cpp was imported first: too late to help) or ``failed: ...``.
+    Never raises: llama_cpp's own import reports a broken library later, with its message."""
     global _handle
     if _handle is not None:
         return "already"
@@ -55,12 +64,16 @@ def preload() -> str:
     path = library_path()
     if path is None:
         return "absent"
-    late = "numpy" in sys.modules
+    try:
+        ctypes.CDLL(CXX_RUNTIME, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        how = "loaded"
+    except OSError:
+        how = "loaded-no-libstdc++"
     try:
         _handle = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as err:
         return f"failed: {err}"
-    return "loaded-late" if late else "loaded"
+    return how
 
 
 #: the function name in ggml's CPU library, and the environment switch that turns it off

@@ -138,17 +138,27 @@ def test_cli_user_errors_are_clear_and_traceback_free(args, code, message):
     assert "Traceback" not in res.stderr
 
 
+#: A libstdc++ function the CUDA load crash ran from the wrong copy (see edgespec/_native.py)
+_CXX_PROBE = "_ZNSo9_M_insertIlEERSoT_"  # std::ostream::_M_insert<long>
+
+
 @pytest.mark.parametrize("numpy_first", [False, True])
-def test_llama_library_is_loaded_before_numpy(numpy_first):
-    """The CUDA load crash (issue 11) needs libllama loaded before NumPy's modules; ``import
-    edgespec`` does that (and says so when an application imported NumPy first). Either way a
-    model loads and generates in a fresh interpreter (on the CPU)."""
+def test_cxx_runtime_is_global_before_llama_loads(numpy_first):
+    """The CUDA crashes (issue 11: at load when NumPy came first, at exit in bench) were
+    llama.cpp's libraries binding two copies of the C++ runtime. ``import edgespec`` makes
+    ``libstdc++.so.6`` global before libllama loads, whatever NumPy's order: then a symbol looked
+    up in the global scope resolves into libstdc++.so.6 (with NumPy first and no fix it is not
+    found there at all). And a model loads and generates in that interpreter (on the CPU)."""
     from edgespec.models.resolve import resolve_model
 
-    code = ("import sys\n" + ("import numpy\n" if numpy_first else "") +
+    code = ("import sys, ctypes\n" + ("import numpy\n" if numpy_first else "") +
             "import edgespec\n"
+            f"addr = ctypes.cast(ctypes.CDLL(None).{_CXX_PROBE}, ctypes.c_void_p).value\n"
+            "owner = [l.split()[-1] for l in open('/proc/self/maps')\n"
+            "         if int(l.split('-')[0], 16) <= addr < int(l.split()[0].split('-')[1], 16)]\n"
             "maps = open('/proc/self/maps').read()\n"
-            "print(edgespec.PRELOAD, 'libllama.so' in maps, '_multiarray_umath' in maps)\n"
+            "print(edgespec.PRELOAD, owner[0].rsplit('/', 1)[-1].startswith('libstdc++.so.6'),\n"
+            "      'libllama.so' in maps, '_multiarray_umath' in maps)\n"
             "from edgespec import Engine, SamplingParams\n"
             "with Engine.load(target=sys.argv[1], drafter='none', progress=False) as e:\n"
             "    print(e.complete('Hi', max_tokens=4, sampling=SamplingParams(temperature=0))"
@@ -157,8 +167,9 @@ def test_llama_library_is_loaded_before_numpy(numpy_first):
     res = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-    how, llama_mapped, numpy_mapped, generated = res.stdout.split()
-    assert how == ("loaded-late" if numpy_first else "loaded")
+    how, in_libstdcxx, llama_mapped, numpy_mapped, generated = res.stdout.split()
+    assert how == "loaded"
+    assert in_libstdcxx == "True"
     assert llama_mapped == "True" and numpy_mapped == str(numpy_first)
     assert generated == "4"
 

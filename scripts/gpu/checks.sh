@@ -34,7 +34,7 @@ if ls parts/* >/dev/null 2>&1; then
   done < gpu/models.txt
   rm -f all.bin parts/*
 fi
-for _ in $(seq 1 60); do grep -q BUILD_DONE build.log && break; sleep 3; done
+for _ in $(seq 1 110); do grep -q BUILD_DONE build.log && break; sleep 3; done
 grep -q BUILD_DONE build.log || { echo "build not done:"; tail -20 build.log; cp build.log "$OUT/"; exit 1; }
 cd - >/dev/null
 export PYTHONPATH="/tmp/w/site:$PWD" PYTHONUNBUFFERED=1 B=/tmp/w/build/bin
