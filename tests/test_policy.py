@@ -206,3 +206,115 @@ def test_the_draft_cost_is_a_median_of_the_runs_that_fit_the_budget():
     lm = _Clocked(Table(50, seed=1), n_ctx=64)
     measure_draft_cost(lm, n=3, repeats=4, budget_s=0.0)
     assert lm.widths == [1] * (1 + 3)  # no room for a second run
+
+
+def _choose_by_loop(policy, k_max, lookup_len=0, lookup_ngram=0, *, probe=False, longer_than=0):
+    """The choice rule written as the plain loop over k that Policy.choose vectorises."""
+    from edgespec.core.policy import MARGIN
+
+    t = policy.curve
+    baseline = 1.0 / t(1)
+    best = ("none", 0, baseline)
+    if k_max <= 0:
+        return best
+    floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
+    if lookup_len > 0:
+        a, c = policy.lookup_estimate(lookup_ngram).alpha, policy.lookup_cost.seconds
+        for k in range(1, min(k_max, lookup_len) + 1):
+            rate = expected_tokens(a, k) / (t(k + 1) + c)
+            if k > longer_than and rate > max(best[2] if best[1] else 0.0, floor):
+                best = ("lookup", k, rate)
+    if policy.draft_cost is not None and not probe:
+        a, c = policy.model.alpha, policy.draft_cost.seconds
+        for k in range(1, k_max + 1):
+            rate = expected_tokens(a, k) / (t(k + 1) + k * c)
+            if rate > max(best[2] if best[1] else 0.0, floor):
+                best = ("model", k, rate)
+    return best
+
+
+def test_the_vectorised_choice_is_the_loop_over_k():
+    """Policy.choose rates every k at once; on 3,000 random cost curves (CPU-like to flat,
+    fixed widths too), acceptance rates, draft costs, match lengths and probes it picks what
+    the loop over k picks, at the same rate (to float rounding)."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    for case in range(3000):
+        n_points = int(rng.integers(1, 5))
+        ns = sorted(set(int(x) for x in rng.integers(1, 40, n_points)))
+        t1 = float(rng.uniform(0.001, 0.05))
+        points = {n: t1 * (1 + float(rng.uniform(0, 1.2)) * (n - 1)) for n in ns}
+        width = int(rng.choice([0, 0, 0, 4, 8, 16]))
+        curve = CostCurve(points, width=width)
+        policy = Policy(curve, CostEstimate(float(rng.uniform(0.0, 0.02)))
+                        if rng.random() < 0.8 else None)
+        policy.model = AcceptanceEstimate(float(rng.uniform(0, 1)))
+        ngram = int(rng.integers(1, 6))
+        policy.lookup[ngram] = AcceptanceEstimate(float(rng.choice([rng.uniform(0, 1), 1.0])))
+        k_max, lookup_len = int(rng.integers(0, 40)), int(rng.integers(0, 40))
+        probe = bool(rng.random() < 0.2)
+        longer = int(rng.integers(0, 6)) if probe else 0
+        got = policy.choose(k_max, lookup_len, ngram, probe=probe, longer_than=longer)
+        want = _choose_by_loop(policy, k_max, lookup_len, ngram, probe=probe, longer_than=longer)
+        assert (got.source, got.k) == want[:2], case
+        assert got.rate == pytest.approx(want[2], rel=1e-12), case
+        table = curve.table(45)
+        assert np.allclose(table[1:], [curve(n) for n in range(1, 46)], rtol=1e-12, atol=0), case
+
+
+class _CountingPolicy(Policy):
+    calls = 0
+
+    def choose(self, *args, **kw):
+        self.calls += 1
+        return super().choose(*args, **kw)
+
+
+class _RecordingModel:
+    """A stand-in for the draft model drafter: records when auto asks it for a draft."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def propose(self, context, k, params, rng):
+        from edgespec.runtime.drafters import Draft
+
+        self.asked.append(len(context))
+        return Draft([1] * k, [1] * k, "model")
+
+
+@pytest.mark.parametrize("prior_pays", [False, True])
+def test_the_draft_model_is_reconsidered_once_per_reprobe_period(prior_pays):
+    """After the draft model lost its place, auto reconsiders it (forgetting its acceptance)
+    once every REPROBE_ROUNDS rounds, taken or not: a declined re-trial must not make every
+    later round choose twice (on a GPU that was ~5% of a token). When the model wins at its
+    prior, the re-trial drafts with it."""
+    # GPU-like costs: a draft token at 0.3 of a target call pays at the prior 0.6 (k = 1 rate
+    # 1.6 / 1.3 against 1 / 1.0); at 0.6 of a call it does not (1.6 / 1.6), though a sure
+    # draft still could (model_can_pay: 9 tokens for 1.1 + 8 x 0.6 calls at k = 8).
+    cost = 0.3e-3 if prior_pays else 0.6e-3
+    policy = _CountingPolicy(CostCurve({1: 1.0e-3, 2: 1.0e-3, 32: 1.4e-3}), CostEstimate(cost))
+    policy.model = AcceptanceEstimate(0.6, successes=0.0, failures=50.0)  # it lost its place
+    model = _RecordingModel()
+    auto = AutoDrafter(policy, LookupDrafter(), model)
+    params, rng = SamplingParams(temperature=0), make_rng(0)
+    context = list(range(1000, 1100))  # no n-gram recurs: lookup never offers a draft
+    rounds = 5 * AutoDrafter.REPROBE_ROUNDS
+    for i in range(rounds):
+        draft = auto.propose(context, 8, params, rng)
+        if draft.source == "model":
+            # rejected at once: the model loses its place again
+            auto.observe(Outcome(draft, len(draft.tokens), 0, [2000 + i], 1e-4, 1e-3))
+            policy.model = AcceptanceEstimate(0.6, successes=0.0, failures=50.0)
+        else:
+            auto.observe(Outcome(draft, 0, 0, [2000 + i], 1e-5, 1e-3))
+        context.append(2000 + i)
+    assert policy.model_can_pay(8)
+    reconsidered = rounds // AutoDrafter.REPROBE_ROUNDS
+    assert policy.calls <= rounds + reconsidered
+    if prior_pays:  # the first re-trial after REPROBE_ROUNDS rounds without the model, and so on
+        assert model.asked[0] == 100 + AutoDrafter.REPROBE_ROUNDS
+        assert reconsidered - 1 <= len(model.asked) <= reconsidered
+    else:
+        assert model.asked == []

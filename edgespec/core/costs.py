@@ -125,27 +125,75 @@ class CostCurve:
             per_call = [t / self._calls(n) for n, t in self.points.items()]
             self.points = {self.width: float(np.median(per_call))}
             self.counts = {self.width: len(per_call)}
+        self._ns = sorted(self.points)
+        self._times = np.array([self.points[n] for n in self._ns])  #: points' times, in order
+        self._weights: np.ndarray | None = None
 
     def _calls(self, n: int) -> int:
         return -(-max(n, 1) // self.width)
 
+    def _segment(self, n: int) -> tuple[int, int]:
+        """The two measured points whose line gives t(n): the ones around n, else the end pair."""
+        ns = self._ns
+        i = bisect.bisect_left(ns, n)
+        if i == 0:
+            return ns[0], ns[1]
+        if i == len(ns):
+            return ns[-2], ns[-1]
+        return ns[i - 1], ns[i]
+
     def __call__(self, n: int) -> float:
         if self.width:
             return self._calls(n) * self.points[self.width]
-        ns = sorted(self.points)
-        if n in self.points:
-            return self.points[n]
-        if len(ns) == 1:
-            return self.points[ns[0]] * n / ns[0]
-        i = bisect.bisect_left(ns, n)
-        if i == 0:
-            lo, hi = ns[0], ns[1]
-        elif i == len(ns):
-            lo, hi = ns[-2], ns[-1]
-        else:
-            lo, hi = ns[i - 1], ns[i]
+        t = self.points.get(n)
+        if t is not None:
+            return t
+        if len(self._ns) == 1:
+            only = self._ns[0]
+            return self.points[only] * n / only
+        lo, hi = self._segment(n)
         slope = (self.points[hi] - self.points[lo]) / (hi - lo)
         return max(self.points[lo] + slope * (n - lo), 1e-6)
+
+    def table(self, n_max: int) -> np.ndarray:
+        """``t(n)`` for n = 0 .. n_max as one array (index n; index 0 means nothing), the values
+        ``__call__`` gives: the auto drafter's per-round choice reads a whole row of them, and
+        on a GPU a round has tens of microseconds, not the ~3 µs a Python call per n costs.
+
+        Piecewise-linear interpolation (and the end segments' extension) is linear in the
+        measured times, so the row is one product of a weight matrix, which depends only on
+        where the points are (rebuilt when a point is added), with the times (which move every
+        round)."""
+        if self.width:
+            return self._calls_upto(n_max) * self.points[self.width]
+        weights = self._weights
+        if weights is None or len(weights) <= n_max:
+            weights = self._weights = self._weight_matrix(max(n_max, _TABLE_ROWS - 1))
+        return np.maximum(weights[: n_max + 1] @ self._times, 1e-6)
+
+    def _calls_upto(self, n_max: int) -> np.ndarray:
+        return np.ceil(np.maximum(counts_upto(n_max), 1.0) / self.width)
+
+    def _weight_matrix(self, n_max: int) -> np.ndarray:
+        """M with t(n) = M[n] @ [t at each point, in order], as ``__call__`` interpolates."""
+        ns = self._ns
+        n = counts_upto(n_max)
+        if len(ns) == 1:
+            return (n / ns[0])[:, None]
+        m = np.empty((n_max + 1, len(ns)))
+        for j in range(len(ns)):
+            unit = np.zeros(len(ns))
+            unit[j] = 1.0
+            col = np.interp(n, ns, unit)
+            # beyond the ends, the end segments' lines (np.interp would hold the end values)
+            left = slice(0, min(ns[0], n_max + 1))
+            col[left] = unit[0] + (unit[1] - unit[0]) / (ns[1] - ns[0]) * (n[left] - ns[0])
+            if ns[-1] < n_max:
+                right = slice(ns[-1] + 1, None)
+                col[right] = (unit[-2] + (unit[-1] - unit[-2]) / (ns[-1] - ns[-2])
+                              * (n[right] - ns[-2]))
+            m[:, j] = col
+        return m
 
     def observe(self, n: int, seconds: float) -> None:
         """Blend in the time a real call of n tokens took: a plain mean over the first few
@@ -156,9 +204,27 @@ class CostCurve:
         if n in self.points:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
+            self._times[bisect.bisect_left(self._ns, n)] = self.points[n]
         else:
             self.points[n] = seconds
             self.counts[n] = 1
+            bisect.insort(self._ns, n)
+            self._times = np.array([self.points[m] for m in self._ns])
+            self._weights = None
+
+
+#: rows of the cached weight matrix: t(0) .. t(64), the longest draft (+ 1) the CLI allows
+_TABLE_ROWS = 66
+_COUNTS = np.arange(_TABLE_ROWS + 1, dtype=np.float64)
+_COUNTS.setflags(write=False)
+
+
+def counts_upto(n_max: int, start: int = 0) -> np.ndarray:
+    """start, start + 1, ..., n_max as float64 (the k axis of per-k arithmetic): a read-only
+    view of a shared array where it is long enough (no allocation)."""
+    if n_max < len(_COUNTS):
+        return _COUNTS[start: n_max + 1]
+    return np.arange(start, n_max + 1, dtype=np.float64)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -169,6 +235,17 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_upto(alpha: float, k_max: int) -> np.ndarray:
+    """:func:`expected_tokens` for k = 1 .. k_max as one array (index k - 1)."""
+    k_plus_1 = counts_upto(k_max + 1, start=2)
+    if alpha >= 1.0:
+        return k_plus_1.copy()
+    out = np.power(alpha, k_plus_1)
+    np.subtract(1.0, out, out=out)
+    out /= 1.0 - alpha
+    return out
 
 
 def break_even_acceptance(curve: CostCurve | dict[int, float], k: int, draft_cost: float = 0.0) -> float:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .costs import CostCurve, expected_tokens
+import numpy as np
+
+from .costs import CostCurve, counts_upto, expected_tokens_upto
 
 #: Drafting must promise this much more than plain decoding before it is chosen.
 MARGIN = 0.03
@@ -112,6 +114,10 @@ class Policy:
         one would never be, and it is longer drafts that a pessimistic curve forbids. A probe
         now and then costs a fraction of one round. The draft model is never probed this way
         (its prefill is dear; it has its own re-trial).
+
+        Every k is rated at once over arrays (a few µs), not in a Python loop over k (~3 µs per
+        k and source: ~100 µs a round at k_max 32, 5% of a GPU token); ties go to the shorter
+        draft.
         """
         t = self.curve
         baseline = 1.0 / t(1)
@@ -119,25 +125,31 @@ class Policy:
         if k_max <= 0:
             return best
         floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
-        if lookup_len > 0:
-            a = self.lookup_estimate(lookup_ngram).alpha
-            c = self.lookup_cost.seconds
-            for k in range(1, min(k_max, lookup_len) + 1):
-                rate = expected_tokens(a, k) / (t(k + 1) + c)
-                if k > longer_than and rate > max(best.rate if best.k else 0.0, floor):
-                    best = Choice("lookup", k, rate, baseline)
-        if self.draft_cost is not None and not probe:
-            a = self.model.alpha
+        n_lookup = min(k_max, lookup_len)
+        n_model = k_max if self.draft_cost is not None and not probe else 0
+        if n_lookup <= longer_than and not n_model:
+            return best
+        times = t.table(max(n_lookup, n_model) + 1)
+        if n_lookup > longer_than:
+            rates = (expected_tokens_upto(self.lookup_estimate(lookup_ngram).alpha, n_lookup)
+                     / (times[2:n_lookup + 2] + self.lookup_cost.seconds))
+            rates[:longer_than] = -np.inf
+            k = int(rates.argmax())
+            if rates[k] > floor:
+                best = Choice("lookup", k + 1, float(rates[k]), baseline)
+        if n_model:
             c = self.draft_cost.seconds
-            for k in range(1, k_max + 1):
-                rate = expected_tokens(a, k) / (t(k + 1) + k * c)
-                if rate > max(best.rate if best.k else 0.0, floor):
-                    best = Choice("model", k, rate, baseline)
+            rates = (expected_tokens_upto(self.model.alpha, n_model)
+                     / (times[2:n_model + 2] + c * counts_upto(n_model, start=1)))
+            k = int(rates.argmax())
+            if rates[k] > max(best.rate if best.k else 0.0, floor):
+                best = Choice("model", k + 1, float(rates[k]), baseline)
         return best
 
     def model_can_pay(self, k_max: int) -> bool:
         """Whether the draft model could beat plain decoding even if it were always right."""
-        if self.draft_cost is None:
+        if self.draft_cost is None or k_max <= 0:
             return False
-        t, c = self.curve, self.draft_cost.seconds
-        return any((k + 1) / (t(k + 1) + k * c) > 1.0 / t(1) for k in range(1, k_max + 1))
+        times = self.curve.table(k_max + 1)
+        k = counts_upto(k_max, start=1)
+        return bool(np.any((k + 1.0) / (times[2:] + k * self.draft_cost.seconds) > 1.0 / times[1]))

@@ -250,9 +250,13 @@ class AutoDrafter:
         self._shadow = shadow
         choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
         if (choice.source == "none" and self.model is not None
-                and self._since_model >= self.REPROBE_ROUNDS and self.policy.model_can_pay(k)):
-            self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
-            choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
+                and self._since_model >= self.REPROBE_ROUNDS):
+            # Considered once per REPROBE_ROUNDS, taken or not: re-deciding every round after
+            # a declined trial cost two more choices a round (~5% of a GPU token).
+            self._since_model = 0
+            if self.policy.model_can_pay(k):
+                self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
+                choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
         self._since_probe += 1
         if (choice.source != "model" and shadow.tokens
                 and self._since_probe >= self.REPROBE_ROUNDS):
