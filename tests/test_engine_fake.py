@@ -489,3 +489,26 @@ def test_a_single_stop_string_passed_as_str():
     except ConfigError:
         return
     assert out.text == "hello "
+
+
+def test_exact_asks_for_a_fixed_width_only_where_kernels_follow_the_batch(monkeypatch):
+    """``exact``: on this CPU the pieces of 3 already are exact (no width: a plain step stays
+    one token); with layers on a GPU, or on RPC workers (whose devices are not known here),
+    the fixed width; a width the user named wins; fast kernels cannot be exact."""
+    from edgespec.runtime import backend
+    from edgespec.runtime.engine import exact_width
+
+    monkeypatch.setattr(backend, "gpu_offload_supported", lambda: False)
+    assert exact_width(0, True, 0, ()) == 0
+    assert exact_width(0, True, -1, ()) == 0  # nothing to offload to: the CPU runs it
+    assert exact_width(0, True, 0, ("10.0.0.2:50052",)) == config.EXACT_FIXED_WIDTH
+    monkeypatch.setattr(backend, "gpu_offload_supported", lambda: True)
+    assert exact_width(0, True, 0, ()) == 0
+    assert exact_width(0, True, -1, ()) == config.EXACT_FIXED_WIDTH
+    assert exact_width(0, True, 12, ()) == config.EXACT_FIXED_WIDTH
+    assert exact_width(16, True, -1, ()) == 16
+    with pytest.raises(ConfigError, match="contradict"):
+        exact_width(0, False, -1, ())
+    with pytest.raises(ConfigError, match="contradict"):  # before any model is looked for
+        Engine.load("/nonexistent/model.gguf", exact=True, batch_consistent=False,
+                    download=False, progress=False)

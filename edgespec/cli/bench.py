@@ -242,6 +242,7 @@ def _offload(engine: Engine) -> dict:
         return getattr(getattr(backend, "options", None), "n_gpu_layers", None)
 
     return {"n_gpu_layers": ngl(engine.target) or 0,
+            "fixed_width": getattr(engine.target, "fixed_width", 0),  # --exact may have set it
             "draft_n_gpu_layers": ngl(engine.draft) if engine.draft is not None else None,
             "draft_window": engine.draft_window, "draft_window_mode": engine.draft_window_mode}
 

@@ -149,7 +149,8 @@ def info(rpc: str | None) -> None:
            else "no: this llama.cpp has llamafile's sgemm; rebuild with `make setup`")
     )
     click.echo("kernel modes:     CPU layers exact (logit-reading calls in pieces of 3); "
-               + ("offloaded layers batch-dependent, exact with --fixed-width W"
+               + ("offloaded layers batch-dependent, exact with --exact "
+                  f"(--fixed-width {config.EXACT_FIXED_WIDTH}) or --fixed-width W"
                   if gpu_offload_supported() else "--fixed-width W exact on any device"))
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
     has_rpc = rpc_backend.available()

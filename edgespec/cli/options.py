@@ -97,6 +97,11 @@ def model_options(func):
                           "removed after it): greedy speculation then equals plain decoding bit for "
                           "bit on a GPU too, where kernels depend on batch width; each plain step "
                           "costs a W-wide call. 0 = off [default: 0]."),
+        click.option("--exact", is_flag=True,
+                     help="Greedy speculation equal to plain decoding bit for bit wherever the "
+                          "target runs: on this CPU it already is; with layers on a GPU or RPC "
+                          f"workers this is --fixed-width {config.EXACT_FIXED_WIDTH} (a plain "
+                          "step then costs a wide call: README, Exactness)."),
         click.option("--verbose", is_flag=True, help="Show llama.cpp's own log."),
     ]
     for option in reversed(options):
@@ -146,6 +151,7 @@ def load_engine(opts: dict, *, progress: bool = True):
         n_ctx=opts["n_ctx"],
         batch_consistent=not opts["fast_kernels"],
         fixed_width=opts["fixed_width"],
+        exact=opts.get("exact", False),
         progress=progress,
     )
 

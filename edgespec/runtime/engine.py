@@ -35,6 +35,22 @@ log = logging.getLogger(__name__)
 Prompt = str | Sequence[dict[str, str]]
 
 
+
+def exact_width(fixed_width: int, batch_consistent: bool, n_gpu_layers: int,
+                rpc: Sequence[str]) -> int:
+    """The fixed width an exact engine needs: ``fixed_width`` if set, else 0 where the target's
+    layers all run on this CPU (the pieces of 3 are exact there) and ``EXACT_FIXED_WIDTH``
+    where kernels follow the batch width (a local GPU, RPC workers, whose devices are not
+    known here). Fast kernels cannot be exact."""
+    if not batch_consistent:
+        raise ConfigError("exact decoding and fast kernels contradict each other: choose one")
+    if fixed_width:
+        return fixed_width
+    from .backend import gpu_offload_supported
+
+    on_gpu = n_gpu_layers != 0 and gpu_offload_supported()
+    return config.EXACT_FIXED_WIDTH if on_gpu or rpc else 0
+
 class EngineBusyError(EdgespecError):
     """The engine is already generating (one generation at a time per engine)."""
 
@@ -235,6 +251,7 @@ class Engine:
         n_batch: int = config.DEFAULT_N_BATCH,
         batch_consistent: bool = True,
         fixed_width: int = 0,
+        exact: bool = False,
         download: bool = True,
         progress: bool = True,
     ) -> "Engine":
@@ -261,7 +278,10 @@ class Engine:
         line (ggml cannot recover from it). ``batch_consistent`` makes the
         target's logits independent of how many tokens are scored per call on the CPU;
         ``fixed_width`` (tokens, 0 = off) does so on any device by making every target call
-        that reads logits that wide (see README, Exactness).
+        that reads logits that wide (see README, Exactness). ``exact`` asks for greedy
+        speculation equal to plain decoding bit for bit wherever the target runs: nothing more
+        on this machine's CPU (already exact), ``config.EXACT_FIXED_WIDTH`` as the fixed width
+        with layers on a GPU or on RPC workers (unless ``fixed_width`` names one).
         ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
         DEFAULT_DRAFT_LENGTH). ``draft_window``: a sampled draft model proposes from its this
         many most likely tokens (0: its whole row; the output's distribution is the target's
@@ -294,6 +314,8 @@ class Engine:
             n_gpu_layers = -1 if target_rpc else 0
         if draft_n_gpu_layers is None:
             draft_n_gpu_layers = -1 if drafts_rpc else (0 if target_rpc else n_gpu_layers)
+        if exact:
+            fixed_width = exact_width(fixed_width, batch_consistent, n_gpu_layers, target_rpc)
         if target is None:
             chosen = resolve_pair(pair)
             target, draft = chosen.target, draft if draft is not None else chosen.draft
