@@ -478,6 +478,10 @@ class StubCosts:
         return 0.002
 
     @staticmethod
+    def measure_steady(backend, n=1, calls=4):  # a GPU's repeated width: 4 ms cheaper a call
+        return 0.006 + 0.005 * (n - 1)
+
+    @staticmethod
     def break_even_acceptance(curve, k, draft_cost=0.0):
         return 0.5 if draft_cost == 0 else math.inf
 
@@ -496,10 +500,12 @@ def test_sweep_table(monkeypatch):
     assert rows[1]["break_even_lookup"] is None  # nothing drafted in a 1-token round
     assert rows[2]["break_even_lookup"] == 0.5 and rows[2]["break_even_model"] == "never"
     assert sweep["draft_cost_per_token"] == 0.002
+    assert rows[4]["t_repeated"] == pytest.approx(0.021)
     lines: list[str] = []
     print_sweep(sweep, lines.append)
     text = "\n".join(lines)
     assert "2.00 ms per drafted token" in text and "25.00" in text and "never" in text
+    assert "repeated ms" in text and "21.00" in text
 
 
 def _gguf(tmp_path, kvs) -> Path:

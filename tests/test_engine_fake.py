@@ -512,3 +512,37 @@ def test_exact_asks_for_a_fixed_width_only_where_kernels_follow_the_batch(monkey
     with pytest.raises(ConfigError, match="contradict"):  # before any model is looked for
         Engine.load("/nonexistent/model.gguf", exact=True, batch_consistent=False,
                     download=False, progress=False)
+
+
+@pytest.mark.parametrize("batch_dependent", [True, False])
+def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_batch(
+        batch_dependent, monkeypatch):
+    """With batch-dependent kernels (a GPU) a call that changes width can cost more (seen on an
+    H200: no replayed CUDA graph): the calibration measures that penalty apart from t(n). The
+    CPU's exact mode does not spend calls on it."""
+    import time
+
+    from edgespec.core import costs as costs_mod
+    from edgespec.runtime import engine as engine_mod
+    from edgespec.runtime.kernels import BATCH_DEPENDENT, EXACT_PIECES
+
+    engine = build(drafter="auto")
+    target = engine.target
+    target.kernels = BATCH_DEPENDENT if batch_dependent else EXACT_PIECES
+    decode, last = target.decode, [None]
+
+    def slow_decode(tokens, n_logits):  # 5 ms a call, 5 ms more after another width
+        time.sleep(0.005 + (0.005 if len(tokens) != last[0] else 0.0))
+        last[0] = len(tokens)
+        return decode(tokens, n_logits)
+
+    monkeypatch.setattr(target, "decode", slow_decode)
+    steady_calls = []
+    monkeypatch.setattr(engine_mod, "measure_steady",
+                        lambda *a, **kw: steady_calls.append(1) or costs_mod.measure_steady(*a, **kw))
+    curve = engine.calibrate(force=True).target
+    if batch_dependent:
+        assert 0.003 < curve.switch_penalty < 0.008
+        assert 0.004 < curve(1) < 0.008  # the steady cost, not the interleaved ~10 ms
+    else:
+        assert steady_calls == [] and curve.switch_penalty == 0.0

@@ -488,7 +488,7 @@ def frozen_costs(monkeypatch):
     from edgespec.core.costs import CostCurve
     from edgespec.core.policy import CostEstimate
 
-    monkeypatch.setattr(CostCurve, "observe", lambda self, n, s: None)
+    monkeypatch.setattr(CostCurve, "observe", lambda self, n, s, switched=False: None)
     monkeypatch.setattr(CostEstimate, "observe", lambda self, s: None)
 
 

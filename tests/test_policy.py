@@ -208,7 +208,8 @@ def test_the_draft_cost_is_a_median_of_the_runs_that_fit_the_budget():
     assert lm.widths == [1] * (1 + 3)  # no room for a second run
 
 
-def _choose_by_loop(policy, k_max, lookup_len=0, lookup_ngram=0, *, probe=False, longer_than=0):
+def _choose_by_loop(policy, k_max, lookup_len=0, lookup_ngram=0, *, probe=False, longer_than=0,
+                    last_shape=None):
     """The choice rule written as the plain loop over k that Policy.choose vectorises."""
     from edgespec.core.policy import MARGIN
 
@@ -218,16 +219,20 @@ def _choose_by_loop(policy, k_max, lookup_len=0, lookup_ngram=0, *, probe=False,
     if k_max <= 0:
         return best
     floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
+
+    def cost(k):  # a round of k drafts: t(k + 1), and the penalty if its call changes shape
+        return t(k + 1) + (t.switch_penalty if t.shape(k + 1) != last_shape else 0.0)
+
     if lookup_len > 0:
         a, c = policy.lookup_estimate(lookup_ngram).alpha, policy.lookup_cost.seconds
         for k in range(1, min(k_max, lookup_len) + 1):
-            rate = expected_tokens(a, k) / (t(k + 1) + c)
+            rate = expected_tokens(a, k) / (cost(k) + c)
             if k > longer_than and rate > max(best[2] if best[1] else 0.0, floor):
                 best = ("lookup", k, rate)
     if policy.draft_cost is not None and not probe:
         a, c = policy.model.alpha, policy.draft_cost.seconds
         for k in range(1, k_max + 1):
-            rate = expected_tokens(a, k) / (t(k + 1) + k * c)
+            rate = expected_tokens(a, k) / (cost(k) + k * c)
             if rate > max(best[2] if best[1] else 0.0, floor):
                 best = ("model", k, rate)
     return best
@@ -235,8 +240,9 @@ def _choose_by_loop(policy, k_max, lookup_len=0, lookup_ngram=0, *, probe=False,
 
 def test_the_vectorised_choice_is_the_loop_over_k():
     """Policy.choose rates every k at once; on 3,000 random cost curves (CPU-like to flat,
-    fixed widths too), acceptance rates, draft costs, match lengths and probes it picks what
-    the loop over k picks, at the same rate (to float rounding)."""
+    fixed widths too, with and without a switch penalty), acceptance rates, draft costs, match
+    lengths, previous call shapes and probes it picks what the loop over k picks, at the same
+    rate (to float rounding)."""
     import numpy as np
 
     rng = np.random.default_rng(11)
@@ -246,7 +252,8 @@ def test_the_vectorised_choice_is_the_loop_over_k():
         t1 = float(rng.uniform(0.001, 0.05))
         points = {n: t1 * (1 + float(rng.uniform(0, 1.2)) * (n - 1)) for n in ns}
         width = int(rng.choice([0, 0, 0, 4, 8, 16]))
-        curve = CostCurve(points, width=width)
+        penalty = float(rng.choice([0.0, rng.uniform(0, 1.5) * t1]))
+        curve = CostCurve(points, width=width, switch_penalty=penalty)
         policy = Policy(curve, CostEstimate(float(rng.uniform(0.0, 0.02)))
                         if rng.random() < 0.8 else None)
         policy.model = AcceptanceEstimate(float(rng.uniform(0, 1)))
@@ -255,12 +262,16 @@ def test_the_vectorised_choice_is_the_loop_over_k():
         k_max, lookup_len = int(rng.integers(0, 40)), int(rng.integers(0, 40))
         probe = bool(rng.random() < 0.2)
         longer = int(rng.integers(0, 6)) if probe else 0
-        got = policy.choose(k_max, lookup_len, ngram, probe=probe, longer_than=longer)
-        want = _choose_by_loop(policy, k_max, lookup_len, ngram, probe=probe, longer_than=longer)
+        last = rng.choice([None, 1, width or int(rng.integers(1, 12))])
+        got = policy.choose(k_max, lookup_len, ngram, probe=probe, longer_than=longer,
+                            last_shape=last)
+        want = _choose_by_loop(policy, k_max, lookup_len, ngram, probe=probe, longer_than=longer,
+                               last_shape=last)
         assert (got.source, got.k) == want[:2], case
         assert got.rate == pytest.approx(want[2], rel=1e-12), case
         table = curve.table(45)
-        assert np.allclose(table[1:], [curve(n) for n in range(1, 46)], rtol=1e-12, atol=0), case
+        # (seconds: an extrapolation near zero differs by float cancellation, ~1e-15 s)
+        assert np.allclose(table[1:], [curve(n) for n in range(1, 46)], rtol=1e-12, atol=1e-12), case
 
 
 class _CountingPolicy(Policy):
@@ -318,3 +329,82 @@ def test_the_draft_model_is_reconsidered_once_per_reprobe_period(prior_pays):
         assert reconsidered - 1 <= len(model.asked) <= reconsidered
     else:
         assert model.asked == []
+
+
+class _ShapeClock:
+    """A target whose calls cost more when the call before had another width, as a CUDA
+    backend that replays a captured graph only for a repeated shape (sleeps, in seconds)."""
+
+    def __init__(self, steady: float, penalty: float, per_token: float = 0.0) -> None:
+        self.n_ctx, self.n_vocab, self.tokens = 512, 1000, []
+        self.steady, self.penalty, self.per_token = steady, penalty, per_token
+        self._last = None
+
+    def sync(self, prefix):
+        n = 0
+        while n < min(len(prefix), len(self.tokens)) and prefix[n] == self.tokens[n]:
+            n += 1
+        del self.tokens[n:]
+        return n
+
+    def decode(self, tokens, n_logits):
+        import time
+
+        shape = len(tokens)
+        time.sleep(self.steady + self.per_token * shape
+                   + (self.penalty if shape != self._last else 0.0))
+        self._last = shape
+        self.tokens.extend(tokens)
+        return None
+
+
+def test_the_switch_penalty_is_measured_and_taken_off_the_interleaved_points():
+    from edgespec.core.costs import measure_steady, split_switch_penalty
+
+    # 10 ms a call, 10 ms more after another width, 1 ms per token (sleeps overshoot a little:
+    # the bounds leave 3 ms for that)
+    clock = _ShapeClock(0.010, 0.010, 0.001)
+    # (the first t(1) follows the warm-up's single token: the median of 3 is an interleaved one)
+    interleaved = measure_target_curve(clock, (1, 4, 8), repeats=3)
+    assert 0.020 <= interleaved[1] < 0.024
+    steady = measure_steady(clock, 1)
+    assert 0.011 <= steady < 0.014
+    curve, penalty = split_switch_penalty(interleaved, steady)
+    assert 0.008 < penalty < 0.013
+    assert 0.012 <= curve[4] < 0.018 and 0.016 <= curve[8] < 0.022  # 10 ms + 1 ms a token
+    # A CPU: no penalty beyond noise (under a tenth of t(1)) leaves the points as measured.
+    assert split_switch_penalty({1: 0.0105, 4: 0.030}, 0.010) == ({1: 0.0105, 4: 0.030}, 0.0)
+
+
+def test_with_a_switch_penalty_drafting_keeps_its_width_and_lone_drafts_must_win_more():
+    # GPU-like: a call of up to 9 tokens costs about the same; changing width costs 70% more.
+    curve = CostCurve({1: 2.0e-3, 4: 2.7e-3, 8: 3.5e-3, 16: 4.3e-3}, switch_penalty=1.4e-3)
+    policy = Policy(curve)
+    for _ in range(10):
+        policy.lookup_estimate(3).update(1, True)  # a lookup right about half the time
+    plain_before = policy.choose(16, lookup_len=8, lookup_ngram=3, last_shape=1)
+    assert plain_before.source == "none"  # one draft round would pay the width change twice
+    without = Policy(CostCurve(dict(curve.points)))
+    without.lookup = policy.lookup
+    assert without.choose(16, lookup_len=8, lookup_ngram=3, last_shape=1).source == "lookup"
+    # Already drafting 3 tokens (calls 4 wide) at an acceptance near 2/3: without the penalty
+    # k = 4 rates a little higher (2.61 tokens in 2.9 ms against 2.41 in 2.7); with it, k = 3
+    # keeps the width and skips the penalty.
+    for _ in range(30):
+        policy.lookup_estimate(3).update(2, True)
+    assert without.choose(16, lookup_len=8, lookup_ngram=3, last_shape=4).k != 3
+    assert policy.choose(16, lookup_len=8, lookup_ngram=3, last_shape=4).k == 3
+
+
+def test_auto_tells_the_curve_which_calls_changed_width():
+    """AutoDrafter passes the last call's width to each choice and observes a width-changing
+    call's time without the penalty, so t(n) stays the steady cost."""
+    curve = CostCurve({1: 2.0e-3, 8: 3.5e-3}, switch_penalty=1.0e-3)
+    auto = AutoDrafter(Policy(curve), LookupDrafter())
+    params, rng = SamplingParams(temperature=0), make_rng(0)
+    context = list(range(50))
+    draft = auto.propose(context, 4, params, rng)
+    auto.observe(Outcome(draft, 0, 0, [99], 1e-5, 3.0e-3))  # after the prefill: switched
+    assert curve(1) == pytest.approx((2.0e-3 + 2.0e-3) / 2)  # 3 ms less the 1 ms penalty
+    auto.observe(Outcome(draft, 0, 0, [98], 1e-5, 2.2e-3))  # same width again: as measured
+    assert curve(1) == pytest.approx(2.0e-3 + (2.2e-3 - 2.0e-3) / 3)

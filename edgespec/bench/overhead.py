@@ -169,7 +169,7 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
         policy = Policy(CostCurve(dict(GPU_CURVE)), CostEstimate(GPU_DRAFT_TOKEN))
     made = make_drafter(drafter, draft, target.n_vocab, policy=policy, draft_window=draft_window)
     if policy is not None:  # keep auto's costs GPU-like: the synthetic calls cost nothing
-        policy.curve.observe = lambda n, s: None  # type: ignore[method-assign]
+        policy.curve.observe = lambda n, s, switched=False: None  # type: ignore[method-assign]
         policy.lookup_cost.observe = lambda s: None  # type: ignore[method-assign]
         if policy.draft_cost is not None:
             policy.draft_cost.observe = lambda s: None  # type: ignore[method-assign]

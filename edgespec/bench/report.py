@@ -210,11 +210,15 @@ def print_sweep(sweep: dict, echo: Echo) -> None:
         return x if isinstance(x, str) else _pct(x)
 
     rows = [[str(r["k"]), _num(1000 * r["t"], "{:.2f}"), _num(1000 * r["t_per_token"], "{:.2f}"),
-             _num(r["t_rel"], "{:.2f}"), even(r["break_even_lookup"]), even(r["break_even_model"])]
+             _num(r["t_rel"], "{:.2f}"),
+             _num(1000 * r["t_repeated"], "{:.2f}") if r.get("t_repeated") is not None else "-",
+             even(r["break_even_lookup"]), even(r["break_even_model"])]
             for r in sweep["rows"]]
-    for line in table(["k", "t(k) ms", "t(k)/k ms", "t(k)/t(1)", "break-even lookup",
-                       "break-even model"], rows, right=set(range(6))):
+    for line in table(["k", "t(k) ms", "t(k)/k ms", "t(k)/t(1)", "repeated ms",
+                       "break-even lookup", "break-even model"], rows, right=set(range(7))):
         echo(line)
+    echo("t(k): calls of each width in turn (every call follows another width); repeated: the "
+         "same width call after call (a GPU replays a captured graph then)")
     echo("break-even = per-token acceptance rate at which a round of k-1 drafts (k tokens scored) "
          "is as fast as plain decoding")
 

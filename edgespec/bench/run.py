@@ -526,11 +526,16 @@ def run_sweep(engine, sizes: Sequence[int] = SWEEP_SIZES, repeats: int = 3) -> d
         value = costs.break_even_acceptance(curve, k - 1, cost)
         return value if math.isfinite(value) else "never"
 
+    # the same calls repeated at one width: on a GPU a changed width costs more (no replayed
+    # CUDA graph), and the interleaved curve above pays that on every call
+    steady = {k: costs.measure_steady(engine.target, k, calls=repeats + 1) for k in sorted(curve)}
     t1 = curve.get(1)
     rows = [{"k": k, "t": t, "t_per_token": t / k, "t_rel": t / t1 if t1 else None,
+             "t_repeated": steady[k],
              "break_even_lookup": break_even(k, 0.0), "break_even_model": break_even(k, draft_cost)}
             for k, t in sorted(curve.items())]
     return {"target_curve": {str(k): t for k, t in sorted(curve.items())},
+            "target_curve_repeated": {str(k): t for k, t in sorted(steady.items())},
             "draft_cost_per_token": draft_cost, "repeats": repeats, "rows": rows}
 
 
@@ -596,6 +601,7 @@ def models_info(engine) -> dict:
     if costs is not None:  # auto's start-up calibration
         out["calibration"] = {
             "target_curve": {str(k): v for k, v in sorted(costs.target.points.items())},
+            "switch_penalty": costs.target.switch_penalty,
             "draft_per_token": costs.draft_per_token, "seconds": costs.calibration_seconds}
     return out
 

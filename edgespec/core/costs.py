@@ -79,6 +79,32 @@ def measure_target_curve(
     return {n: float(np.median(v)) for n, v in samples.items()}
 
 
+def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int = 32) -> float:
+    """Seconds per target call scoring n tokens when the calls before it had the same shape:
+    ``calls`` such calls in a row, the median of all but the first.
+
+    :func:`measure_target_curve` interleaves its widths, so each of its calls follows a call of
+    another shape. On a GPU that is dearer: llama.cpp's CUDA backend replays a captured graph
+    only for a shape repeated (seen on an H200: t(1) 3.3 ms interleaved, 2.0 ms repeated).
+    The difference is the switch penalty of :class:`CostCurve`."""
+    context = max(0, min(context, target.n_ctx - n))
+    prefix = _filler(target, context)
+    samples = [_timed_decode(target, prefix, _filler(target, n), n) for _ in range(max(2, calls))]
+    return float(np.median(samples[1:]))
+
+
+def split_switch_penalty(interleaved: dict[int, float], steady_t1: float,
+                         min_fraction: float = 0.1) -> tuple[dict[int, float], float]:
+    """Interleaved measurements as (steady costs, switch penalty): the penalty is what t(1)
+    costs more after another shape, taken off every point (each of them followed another
+    shape); under ``min_fraction`` of the steady t(1) it is noise (a CPU has no such effect)
+    and the points stay as measured."""
+    penalty = interleaved.get(1, steady_t1) - steady_t1
+    if penalty < min_fraction * steady_t1:
+        return dict(interleaved), 0.0
+    return {n: max(t - penalty, 1e-6) for n, t in interleaved.items()}, penalty
+
+
 def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32,
                        budget_s: float | None = None) -> float:
     """Seconds per drafted token: n single-token decodes with one logit row each, as a drafter
@@ -115,6 +141,9 @@ class CostCurve:
     #: observations behind each point (a calibration measurement counts as one)
     counts: dict[int, int] = field(default_factory=dict)
     width: int = 0
+    #: seconds a call costs more when the call before it had another shape (see
+    #: :func:`measure_steady`); the points are the costs of repeated shapes
+    switch_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -131,6 +160,10 @@ class CostCurve:
 
     def _calls(self, n: int) -> int:
         return -(-max(n, 1) // self.width)
+
+    def shape(self, n: int) -> int:
+        """The width of the call that scores n tokens (at a fixed width: always that width)."""
+        return self.width or n
 
     def _segment(self, n: int) -> tuple[int, int]:
         """The two measured points whose line gives t(n): the ones around n, else the end pair."""
@@ -195,10 +228,13 @@ class CostCurve:
             m[:, j] = col
         return m
 
-    def observe(self, n: int, seconds: float) -> None:
+    def observe(self, n: int, seconds: float, switched: bool = False) -> None:
         """Blend in the time a real call of n tokens took: a plain mean over the first few
         observations (one noisy calibration sample must not outweigh real rounds), then a
-        running average that follows the machine's load."""
+        running average that follows the machine's load. ``switched``: the call before it had
+        another shape, so it paid the switch penalty, which is not part of t(n)."""
+        if switched:
+            seconds = max(seconds - self.switch_penalty, 1e-6)
         if self.width:
             n, seconds = self.width, seconds / self._calls(n)
         if n in self.points:

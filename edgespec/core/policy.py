@@ -105,8 +105,14 @@ class Policy:
         return est
 
     def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0, *,
-               probe: bool = False, longer_than: int = 0) -> Choice:
+               probe: bool = False, longer_than: int = 0, last_shape: int | None = None) -> Choice:
         """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers.
+
+        ``last_shape``: the width of the previous target call. A round whose call has another
+        shape also pays the curve's switch penalty (on a GPU, a call without a replayed graph),
+        so drafting keeps its k while it pays, and a lone draft round must win by more. Plain
+        decoding is rated at its steady cost: what going back to it costs once is spread over
+        the plain steps that follow.
 
         ``probe``: the best lookup option longer than ``longer_than`` tokens, even if it is
         predicted to be up to PROBE_SLACK slower than plain decoding. The curve only learns the
@@ -129,10 +135,14 @@ class Policy:
         n_model = k_max if self.draft_cost is not None and not probe else 0
         if n_lookup <= longer_than and not n_model:
             return best
-        times = t.table(max(n_lookup, n_model) + 1)
+        n = max(n_lookup, n_model)
+        times = t.table(n + 1)[2:]  # times[k - 1] = t(k + 1): a round of k drafts
+        if t.switch_penalty:
+            shapes = (np.full(n, float(t.width)) if t.width else counts_upto(n + 1, start=2))
+            times = times + t.switch_penalty * (shapes != last_shape)
         if n_lookup > longer_than:
             rates = (expected_tokens_upto(self.lookup_estimate(lookup_ngram).alpha, n_lookup)
-                     / (times[2:n_lookup + 2] + self.lookup_cost.seconds))
+                     / (times[:n_lookup] + self.lookup_cost.seconds))
             rates[:longer_than] = -np.inf
             k = int(rates.argmax())
             if rates[k] > floor:
@@ -140,7 +150,7 @@ class Policy:
         if n_model:
             c = self.draft_cost.seconds
             rates = (expected_tokens_upto(self.model.alpha, n_model)
-                     / (times[2:n_model + 2] + c * counts_upto(n_model, start=1)))
+                     / (times[:n_model] + c * counts_upto(n_model, start=1)))
             k = int(rates.argmax())
             if rates[k] > max(best.rate if best.k else 0.0, floor):
                 best = Choice("model", k + 1, float(rates[k]), baseline)

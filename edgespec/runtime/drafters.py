@@ -242,13 +242,15 @@ class AutoDrafter:
         self._shadow: Draft | None = None
         self._since_model = 0
         self._since_probe = 0
+        self._last_shape: int | None = None  #: width of the last target call (None: prefill)
 
     def propose(self, context, k, params, rng) -> Draft:
         t0 = time.perf_counter()
         shadow = self.lookup.propose(context, k, params, rng)
         self.policy.lookup_cost.observe(time.perf_counter() - t0)
         self._shadow = shadow
-        choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
+        offer = (k, len(shadow.tokens), shadow.ngram)
+        choice = self.policy.choose(*offer, last_shape=self._last_shape)
         if (choice.source == "none" and self.model is not None
                 and self._since_model >= self.REPROBE_ROUNDS):
             # Considered once per REPROBE_ROUNDS, taken or not: re-deciding every round after
@@ -256,12 +258,12 @@ class AutoDrafter:
             self._since_model = 0
             if self.policy.model_can_pay(k):
                 self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
-                choice = self.policy.choose(k, len(shadow.tokens), shadow.ngram)
+                choice = self.policy.choose(*offer, last_shape=self._last_shape)
         self._since_probe += 1
         if (choice.source != "model" and shadow.tokens
                 and self._since_probe >= self.REPROBE_ROUNDS):
-            probe = self.policy.choose(k, len(shadow.tokens), shadow.ngram, probe=True,
-                                       longer_than=choice.k)
+            probe = self.policy.choose(*offer, probe=True, longer_than=choice.k,
+                                       last_shape=self._last_shape)
             if probe.k:
                 choice, self._since_probe = probe, 0
         self.choices[choice.k] = self.choices.get(choice.k, 0) + 1
@@ -281,7 +283,9 @@ class AutoDrafter:
         """Learn from a round: acceptance of each source, and what the calls cost."""
         policy = self.policy
         n = outcome.drafted + 1
-        policy.curve.observe(n, outcome.t_target)
+        shape = policy.curve.shape(n)
+        policy.curve.observe(n, outcome.t_target, switched=shape != self._last_shape)
+        self._last_shape = shape
         shadow = self._shadow
         if shadow is not None and shadow.tokens:
             matched = common_prefix(shadow.tokens, outcome.new_tokens)

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .. import config
-from ..core.costs import CostCurve, measure_draft_cost, measure_target_curve
+from ..core.costs import (
+    CostCurve,
+    measure_draft_cost,
+    measure_steady,
+    measure_target_curve,
+    split_switch_penalty,
+)
 from ..core.policy import CostEstimate, Policy
 from ..core.rejection import Source
 from ..core.sampling import SamplingParams, make_rng
@@ -27,6 +33,7 @@ from ..core.textstream import TextStream
 from ..errors import ConfigError, ContextOverflowError, EdgespecError, IncompatibleDraftError
 from .allocator import keep_freed_memory
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
+from .kernels import BATCH_DEPENDENT, mode_of
 from .loop import prefill, rounds
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
@@ -395,10 +402,15 @@ class Engine:
             points = (width,) if width else config.CALIBRATION_POINTS
             curve = measure_target_curve(self.target, points, repeats=config.CALIBRATION_REPEATS,
                                          budget_s=config.CALIBRATION_BUDGET_S)
+            penalty = 0.0
+            # A call that changes width costs more on a GPU (no replayed CUDA graph); the CPU's
+            # exact mode has no such effect, and a fixed width has one shape only.
+            if not width and len(curve) > 1 and mode_of(self.target) == BATCH_DEPENDENT:
+                curve, penalty = split_switch_penalty(curve, measure_steady(self.target, 1))
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
                                              budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
                           if self.draft is not None else None)
-            self.costs = Costs(CostCurve(curve, width=width), draft_cost,
+            self.costs = Costs(CostCurve(curve, width=width, switch_penalty=penalty), draft_cost,
                                time.perf_counter() - start)
         return self.costs
 
