@@ -90,7 +90,7 @@ def run(engine, prompt: str, drafter: str):
             if drafter == "auto":
                 curve, per_token = FLAT_COSTS
                 mp.setattr(engine, "costs", Costs(CostCurve(dict(curve)), per_token, 0.0))
-                mp.setattr(CostCurve, "observe", lambda self, n, s: None)
+                mp.setattr(CostCurve, "observe", lambda self, n, s, switched=False: None)
                 mp.setattr(CostEstimate, "observe", lambda self, s: None)
             _runs[key] = engine.complete(PROMPTS[prompt], max_tokens=N_TOKENS, drafter=drafter,
                                          sampling=GREEDY)
