@@ -165,15 +165,13 @@ class CostCurve:
         """The width of the call that scores n tokens (at a fixed width: always that width)."""
         return self.width or n
 
-    def _segment(self, n: int) -> tuple[int, int]:
-        """The two measured points whose line gives t(n): the ones around n, else the end pair."""
+    def _segment(self, n: int) -> tuple[int, int, float]:
+        """Where t(n) lies: the indices (in point order) of the two points whose line gives it
+        (the ones around n, else the end pair) and the weight of the second, so that
+        t(n) = (1 - w) t_lo + w t_hi. The one rule behind ``__call__`` and ``table``."""
         ns = self._ns
-        i = bisect.bisect_left(ns, n)
-        if i == 0:
-            return ns[0], ns[1]
-        if i == len(ns):
-            return ns[-2], ns[-1]
-        return ns[i - 1], ns[i]
+        i = min(max(bisect.bisect_left(ns, n), 1), len(ns) - 1)
+        return i - 1, i, (n - ns[i - 1]) / (ns[i] - ns[i - 1])
 
     def __call__(self, n: int) -> float:
         if self.width:
@@ -184,9 +182,9 @@ class CostCurve:
         if len(self._ns) == 1:
             only = self._ns[0]
             return self.points[only] * n / only
-        lo, hi = self._segment(n)
-        slope = (self.points[hi] - self.points[lo]) / (hi - lo)
-        return max(self.points[lo] + slope * (n - lo), 1e-6)
+        lo, hi, w = self._segment(n)
+        times = self._times
+        return max(float(times[lo] + w * (times[hi] - times[lo])), 1e-6)
 
     def table(self, n_max: int) -> np.ndarray:
         """``t(n)`` for n = 0 .. n_max as one array (index n; index 0 means nothing), the values
@@ -210,22 +208,12 @@ class CostCurve:
     def _weight_matrix(self, n_max: int) -> np.ndarray:
         """M with t(n) = M[n] @ [t at each point, in order], as ``__call__`` interpolates."""
         ns = self._ns
-        n = counts_upto(n_max)
         if len(ns) == 1:
-            return (n / ns[0])[:, None]
-        m = np.empty((n_max + 1, len(ns)))
-        for j in range(len(ns)):
-            unit = np.zeros(len(ns))
-            unit[j] = 1.0
-            col = np.interp(n, ns, unit)
-            # beyond the ends, the end segments' lines (np.interp would hold the end values)
-            left = slice(0, min(ns[0], n_max + 1))
-            col[left] = unit[0] + (unit[1] - unit[0]) / (ns[1] - ns[0]) * (n[left] - ns[0])
-            if ns[-1] < n_max:
-                right = slice(ns[-1] + 1, None)
-                col[right] = (unit[-2] + (unit[-1] - unit[-2]) / (ns[-1] - ns[-2])
-                              * (n[right] - ns[-2]))
-            m[:, j] = col
+            return (counts_upto(n_max) / ns[0])[:, None]
+        m = np.zeros((n_max + 1, len(ns)))
+        for n in range(n_max + 1):
+            lo, hi, w = self._segment(n)
+            m[n, lo], m[n, hi] = 1.0 - w, w
         return m
 
     def observe(self, n: int, seconds: float, switched: bool = False) -> None:

@@ -138,7 +138,7 @@ class Policy:
         n = max(n_lookup, n_model)
         times = t.table(n + 1)[2:]  # times[k - 1] = t(k + 1): a round of k drafts
         if t.switch_penalty:
-            shapes = (np.full(n, float(t.width)) if t.width else counts_upto(n + 1, start=2))
+            shapes = t.width or counts_upto(n + 1, start=2)  # a fixed width: one shape
             times = times + t.switch_penalty * (shapes != last_shape)
         if n_lookup > longer_than:
             rates = (expected_tokens_upto(self.lookup_estimate(lookup_ngram).alpha, n_lookup)

@@ -197,6 +197,12 @@ def gpu_offload_supported() -> bool:
         return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+def offloads_locally(n_gpu_layers: int, rpc: Sequence[str]) -> bool:
+    """Whether a model loaded with these settings puts layers on this machine's GPU, where
+    kernels follow the batch width (no RPC workers: the layers would go to them)."""
+    return n_gpu_layers != 0 and not rpc and gpu_offload_supported()
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """How to load one GGUF model. ``n_gpu_layers=-1`` offloads every layer."""
@@ -381,7 +387,7 @@ class LlamaBackend:
         # is what makes speculation pay, and CUDA picks its kernels by batch size anyway.
         # On RPC workers the pieces stay: a worker serving its CPU runs the same ggml-cpu
         # kernels as here (a GPU worker is batch-dependent anyway: --fast-kernels).
-        on_gpu = options.n_gpu_layers != 0 and gpu_offload_supported() and not options.rpc
+        on_gpu = offloads_locally(options.n_gpu_layers, options.rpc)
         #: width of every logit-reading decode call (0: as many tokens as the call has)
         self.fixed_width: int = width
         self._pieces = options.batch_consistent and not on_gpu and not width

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 Prompt = str | Sequence[dict[str, str]]
 
 
-
 def exact_width(fixed_width: int, batch_consistent: bool, n_gpu_layers: int,
                 rpc: Sequence[str]) -> int:
     """The fixed width an exact engine needs: ``fixed_width`` if set, else 0 where the target's
@@ -53,10 +52,10 @@ def exact_width(fixed_width: int, batch_consistent: bool, n_gpu_layers: int,
         raise ConfigError("exact decoding and fast kernels contradict each other: choose one")
     if fixed_width:
         return fixed_width
-    from .backend import gpu_offload_supported
+    from .backend import offloads_locally
 
-    on_gpu = n_gpu_layers != 0 and gpu_offload_supported()
-    return config.EXACT_FIXED_WIDTH if on_gpu or rpc else 0
+    return config.EXACT_FIXED_WIDTH if rpc or offloads_locally(n_gpu_layers, rpc) else 0
+
 
 class EngineBusyError(EdgespecError):
     """The engine is already generating (one generation at a time per engine)."""
