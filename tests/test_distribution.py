@@ -321,18 +321,24 @@ def test_column_maxima_see_a_nan_anywhere():
 # ---- a draft's window: its q is the row's `window` most likely tokens, processed -------------
 
 
-def windowed(row: np.ndarray, window: int) -> np.ndarray:
-    """The row with every logit below its ``window``-th largest set to -inf (ties stay in)."""
+def windowed(row: np.ndarray, window: int, t: float) -> np.ndarray:
+    """The row with every logit below its ``window``-th largest (ties stay in), or below a
+    weight of 1e-4 of the top one's at temperature ``t``, set to -inf."""
     if not 0 < window < row.size:
         return row
     floor = np.sort(row)[row.size - window]
+    top = float(row.max())
+    if np.isfinite(top):
+        floor = max(floor, np.float32(top + t * np.log(1e-4)))
     return np.where(row >= floor, row, np.float32(-np.inf)).astype(np.float32)
 
 
 def assert_same_window(row: np.ndarray, params: SamplingParams, window: int) -> None:
     """``draft_distribution`` equals the dense reference on the windowed row, as in
     :func:`assert_same` (a support may differ only where a threshold moved by 1e-9 explains it)."""
-    masked = windowed(row, window)
+    # (top-k within the window: the row as it is, as documented; the window would keep the
+    # same tokens but where two logits' weights round to one, which top-k then orders by id)
+    masked = row if 0 < params.top_k <= window else windowed(row, window, params.temperature)
     got_dist = sampling.draft_distribution(row, params, window=window)
     got = got_dist.dense()
     ref = process(masked, params)
@@ -363,7 +369,8 @@ def test_a_windowed_draft_is_the_dense_reference_on_the_windowed_row(row, params
 def test_a_windowed_draft_on_full_vocabulary_rows_never_weighs_the_row(top, mode, monkeypatch):
     params = VOCAB_MODES[mode]
     row = vocab_row(top=top)
-    want = process(windowed(row, 64), params)
+    want = process(row if 0 < params.top_k <= 64 else windowed(row, 64, params.temperature),
+                   params)
 
     def refuse(*args, **kwargs):
         raise AssertionError("whole-row work for a windowed draft")
@@ -450,6 +457,7 @@ def test_a_row_judged_flat_wrongly_still_gets_its_exact_nucleus(top, monkeypatch
     # every row judged flat: a confident one then takes the flat path (its cut among the few
     # heaviest tokens, where the sample has none: the bins) and must still be exact
     monkeypatch.setattr(sampling, "_FLAT_FACTOR", 0.0)
+    monkeypatch.setattr(sampling, "_MAX_HEAD", 0)  # (no confident row decided by its head)
     row = vocab_row(top=top)
     params = SamplingParams(temperature=0.8, top_p=0.95)
     got = distribution(row, params)

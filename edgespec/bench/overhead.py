@@ -10,6 +10,12 @@ varies from row to row (confident rows and flat ones, so top-p nuclei are someti
 row for a position depends on the two tokens before it, so greedy text falls into cycles that
 prompt lookup can copy, and the draft's row is the target's plus noise, so the draft model is
 usually but not always right.
+
+Generated rows are flatter than a real model's (40% of them hold a wide top-p nucleus; the
+default target's own rows at temperature 0.8 put a median 99.5% of their mass on one token).
+``--recorded PATH`` runs the same bench on rows recorded from the real pair instead
+(:func:`record_pools`): the target's and the draft's rows at the same positions of the
+target's own text, so a draft is as right as the real draft model is.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..core.lookup import common_prefix
 from ..core.policy import CostEstimate, Policy
 from ..core.sampling import SamplingParams, make_rng
 from ..core.stats import Stats
+from ..errors import ConfigError
 from ..runtime.allocator import keep_freed_memory
 from ..runtime.drafters import make_drafter
 from ..runtime.loop import prefill, rounds
@@ -65,6 +72,7 @@ class SyntheticModel:
     def __init__(self, pool: np.ndarray, n_ctx: int) -> None:
         self.pool = pool
         self.n_vocab = pool.shape[1]
+        self.n_rows = pool.shape[0]
         self.n_ctx = n_ctx
         self.tokens: list[int] = []
         self.decode_seconds = 0.0
@@ -82,7 +90,8 @@ class SyntheticModel:
         self.tokens.extend(tokens)
         ctx = self.tokens
         first = start + len(tokens) - n_logits
-        rows = [row_index(ctx[i - 1] if i else 0, ctx[i]) for i in range(first, len(ctx))]
+        rows = [row_index(ctx[i - 1] if i else 0, ctx[i], self.n_rows)
+                for i in range(first, len(ctx))]
         if len(rows) > self._out.shape[0]:
             self._out = np.empty((len(rows), self.n_vocab), self.pool.dtype)
         out = self._out[: len(rows)]
@@ -98,15 +107,15 @@ class SyntheticModel:
         self.tokens.extend(tokens)
         ctx = self.tokens
         first = start + len(tokens) - n_logits
-        ids = self._picks[[row_index(ctx[i - 1] if i else 0, ctx[i])
+        ids = self._picks[[row_index(ctx[i - 1] if i else 0, ctx[i], self.n_rows)
                            for i in range(first, len(ctx))]]
         self.decode_seconds += time.perf_counter() - t0
         return ids
 
 
-def row_index(prev: int, token: int) -> int:
-    """Which pool row follows the tokens ``prev, token``."""
-    return (prev * 31 + token * 17) % _N_ROWS
+def row_index(prev: int, token: int, n_rows: int = _N_ROWS) -> int:
+    """Which of ``n_rows`` pool rows follows the tokens ``prev, token``."""
+    return (prev * 31 + token * 17) % n_rows
 
 
 def make_pools(n_vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,6 +128,52 @@ def make_pools(n_vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.
         peaks = rng.choice(words, 6, replace=False)
         target[r, peaks] = top - np.array([0.0, 1.0, 1.8, 2.5, 3.0, 3.4], np.float32)
     draft = target + rng.normal(0.0, 0.6, target.shape).astype(np.float32)
+    return target, draft, words
+
+
+def record_pools(engine, prompts, n_rows: int = _N_ROWS,
+                 temperature: float = 0.8) -> tuple[np.ndarray, np.ndarray]:
+    """Target and draft rows of a loaded pair (``engine``: an :class:`edgespec.Engine` with a
+    draft model), ``n_rows`` of each: on each prompt the target writes its own text at
+    ``temperature`` (seeded), then both models score it, and each position gives a target
+    row and the draft's row for the same next token."""
+    from ..core.sampling import SamplingParams
+
+    per = -(-n_rows // len(prompts))
+    target_rows, draft_rows = [], []
+    for i, prompt in enumerate(prompts):
+        out = engine.complete(prompt.payload, max_tokens=per, drafter="none",
+                              sampling=SamplingParams(temperature=temperature, seed=i))
+        seq = engine.prompt_tokens(prompt.payload) + [t.id for t in out.tokens]
+        n = len(out.tokens)
+        for model, rows in ((engine.target, target_rows), (engine.draft, draft_rows)):
+            model.reset()
+            rows.append(np.array(model.decode(seq[:-1], n), np.float32))
+    target = np.concatenate(target_rows)[:n_rows]
+    draft = np.concatenate(draft_rows)[:n_rows]
+    return target, draft
+
+
+def save_pools(path, target: np.ndarray, draft: np.ndarray) -> None:
+    """Write recorded rows (``.npz``, uncompressed: float32 logits hardly compress)."""
+    with open(path, "wb") as f:
+        np.savez(f, target=target, draft=draft)
+
+
+def load_pools(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Recorded rows (:func:`save_pools`) as :func:`make_pools` gives generated ones; the
+    prompt's words are the target rows' likeliest tokens."""
+    try:
+        with np.load(path) as f:
+            target, draft = f["target"], f["draft"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"{path} is not a file of recorded rows (target, draft): {err}") from None
+    if (target.ndim != 2 or draft.ndim != 2 or target.shape[0] != draft.shape[0]
+            or target.shape[0] < 2 or target.dtype != np.float32 or draft.dtype != np.float32):
+        raise ConfigError(f"{path}: expected two float32 arrays of rows, one row of each per "
+                          f"position; got {target.shape} {target.dtype} and {draft.shape} "
+                          f"{draft.dtype}")
+    words = np.unique(np.argsort(target, axis=1)[:, -4:])
     return target, draft, words
 
 
@@ -195,10 +250,12 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
 def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int = 3,
                  drafters: Sequence[str] = DRAFTERS, samplings: Sequence[str] = tuple(SAMPLINGS),
                  lengths: Sequence[int] = LENGTHS, progress=None,
-                 draft_window: int = DRAFT_WINDOW) -> list[OverheadResult]:
+                 draft_window: int = DRAFT_WINDOW, pools=None) -> list[OverheadResult]:
     """Every (drafter, k, sampling); each the best of ``repeats`` runs (host time is noisy
-    upwards only: the best run is the closest to the code's own cost)."""
-    pools = make_pools(n_vocab)
+    upwards only: the best run is the closest to the code's own cost). ``pools``: rows to
+    use (:func:`load_pools`) instead of generated ones of ``n_vocab``."""
+    if pools is None:
+        pools = make_pools(n_vocab)
     prompt = make_prompt(pools[2])
     results = []
     for drafter in drafters:
@@ -215,10 +272,12 @@ def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int
 
 
 def format_table(results: Sequence[OverheadResult], n_vocab: int,
-                 draft_window: int = DRAFT_WINDOW) -> str:
-    """The results as an aligned text table."""
+                 draft_window: int = DRAFT_WINDOW, recorded=None) -> str:
+    """The results as an aligned text table (``recorded``: the file of the rows, if not
+    generated)."""
     window = f"draft window {draft_window}" if draft_window else "whole draft rows"
-    lines = [f"host work per token, vocabulary {n_vocab:,}, {window} "
+    rows = f"rows recorded in {recorded}" if recorded is not None else "generated rows"
+    lines = [f"host work per token, vocabulary {n_vocab:,}, {window}, {rows} "
              "(synthetic model: no model time)",
              f"{'drafter':8} {'k':>3} {'sampling':16} {'µs/token':>9} {'µs/round':>9} "
              f"{'tok/round':>9}"]

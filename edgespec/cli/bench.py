@@ -94,6 +94,12 @@ if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs
 @click.option("--vocab", type=click.IntRange(2), default=None, metavar="N",
               help="Vocabulary size of --overhead's synthetic model [default: 151936, the "
                    "default target's].")
+@click.option("--recorded", "recorded", type=click.Path(path_type=Path), default=None,
+              metavar="PATH",
+              help="--overhead on rows recorded from the real pair (--pair, --target, "
+                   "--draft) instead of generated ones: read from PATH (.npz) if it exists, "
+                   "else recorded there first (the target's own text at temperature 0.8 on "
+                   "the bench prompts, scored by both models; about a minute on 2 cores).")
 @click.option("--llama-cpp-bin", type=click.Path(path_type=Path),
               default=None, metavar="DIR",
               help="Also run llama.cpp's own llama-bench, llama-speculative-simple and "
@@ -126,9 +132,17 @@ bench.params = [temperature if p.name == "temperature" else p
 
 def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, lengths, sweep,
            memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, overhead, vocab,
-           llama_cpp_bin, json_path, plot_path, **opts) -> None:
+           recorded, llama_cpp_bin, json_path, plot_path, **opts) -> None:
+    if recorded is not None and not overhead:
+        raise ConfigError("--recorded is an option of --overhead")
     if overhead:
-        _overhead(vocab, repeats, json_path, opts["draft_window"])
+        pools = None
+        if recorded is not None:
+            if vocab is not None:
+                raise ConfigError("--vocab and --recorded: the recorded rows have their own "
+                                  "vocabulary")
+            pools = _recorded_pools(recorded, opts, prompts_file)
+        _overhead(vocab, repeats, json_path, opts["draft_window"], pools, recorded)
         return
     from ..core.sampling import SamplingParams
     from ..runtime.drafters import DRAFTER_NAMES
@@ -415,12 +429,33 @@ def _report(settings, machine, prompts, configs, skipped, records, complete, swe
             click.echo(f"plot:    {plot_path}")
 
 
-def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_window: int) -> None:
+def _recorded_pools(path: Path, opts: dict, prompts_file: Path | None):
+    """The rows of ``--recorded PATH``: read, or recorded from the pair first."""
+    from ..bench.overhead import load_pools, record_pools, save_pools
+
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot create {path.parent}: {err.strerror or err}") from None
+        click.echo(f"recording rows of the pair into {path} ...", err=True)
+        with _load(opts) as engine:
+            if engine.draft is None:
+                raise ConfigError("--recorded needs a draft model")
+            target, draft = record_pools(engine, load_prompts(prompts_file))
+        tmp = path.with_name(path.name + ".part")
+        save_pools(tmp, target, draft)
+        tmp.replace(path)
+    return load_pools(path)
+
+
+def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_window: int,
+              pools=None, recorded: Path | None = None) -> None:
     import json
 
     from ..bench.overhead import DEFAULT_VOCAB, format_table, run_overhead
 
-    n_vocab = vocab or DEFAULT_VOCAB
+    n_vocab = pools[0].shape[1] if pools is not None else vocab or DEFAULT_VOCAB
     if json_path is not None:
         try:
             json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -431,10 +466,12 @@ def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_win
         click.echo(f"  {r.drafter:7} k={r.k:<2} {r.sampling:15} {r.us_per_token:8.1f} µs/token",
                    err=True)
 
-    results = run_overhead(n_vocab, repeats=repeats, progress=progress, draft_window=draft_window)
-    click.echo(format_table(results, n_vocab, draft_window))
+    results = run_overhead(n_vocab, repeats=repeats, progress=progress,
+                           draft_window=draft_window, pools=pools)
+    click.echo(format_table(results, n_vocab, draft_window, recorded))
     if json_path is not None:
         doc = {"overhead": [r.to_dict() for r in results], "vocab": n_vocab,
-               "draft_window": draft_window}
+               "draft_window": draft_window,
+               "rows": str(recorded) if recorded is not None else "generated"}
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
         click.echo(f"wrote {json_path}", err=True)

@@ -11,6 +11,9 @@ vocabulary-sized vector:
   token costs two short ``cumsum``s instead of one over the vocabulary.
 - :class:`Truncated`: a flat row's top-p: the Dense weights and a membership test, sampled by
   rejection; the nucleus (~100k tokens) is only listed if a probability is asked.
+- :class:`Pending`: a plain-temperature target row known only by bounds on each probability
+  (from its column maxima) until a value or a draw is needed: a row that only has to accept
+  its draft never computes its normaliser (an ``exp`` of the whole row).
 - :class:`Exact`: a wrapper around a dense float64 probability vector (the reference
   :func:`edgespec.core.sampling.process`), for tests and rare fallbacks.
 
@@ -231,6 +234,47 @@ class Truncated:
         return self.listed().dense()
 
 
+class Pending:
+    """A distribution known by bounds on its probabilities until a value or a draw is asked;
+    then built once (``resolve()``) and answered from that.
+
+    The rejection test only needs ``u * q(x) < p(x)``: bounds on ``p(x)`` decide it unless
+    ``u`` falls between them (:func:`edgespec.core.rejection.verify` asks them first).
+    """
+
+    __slots__ = ("n", "_bounds", "_resolve", "_dist")
+
+    def __init__(self, n: int, bounds, resolve) -> None:
+        """``bounds(x)``: ``(lo, hi)`` around ``prob(x)`` as the resolved form gives it;
+        ``resolve()``: the distribution itself."""
+        self.n = n
+        self._bounds = bounds
+        self._resolve = resolve
+        self._dist = None
+
+    def resolved(self):
+        """The distribution itself (built on the first call)."""
+        if self._dist is None:
+            self._dist = self._resolve()
+            self._bounds = self._resolve = None  # (they hold the row)
+        return self._dist
+
+    def prob_bounds(self, x: int) -> tuple[float, float]:
+        if self._dist is None:
+            return self._bounds(x)
+        p = self._dist.prob(x)
+        return p, p
+
+    def prob(self, x: int) -> float:
+        return self.resolved().prob(x)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.resolved().sample(rng)
+
+    def dense(self) -> np.ndarray:
+        return self.resolved().dense()
+
+
 class Exact:
     """A dense float64 probability vector (the reference form), as a :class:`Dist`."""
 
@@ -250,7 +294,7 @@ class Exact:
         return self.probs
 
 
-AnyDist = Union[OneHot, Sparse, Dense, Truncated, Exact]
+AnyDist = Union[OneHot, Sparse, Dense, Truncated, Pending, Exact]
 
 
 def block_sums(w: np.ndarray) -> np.ndarray:

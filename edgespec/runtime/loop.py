@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.dist import AnyDist
 from ..core.rejection import Source, verify, verify_greedy
-from ..core.sampling import SamplingParams, distribution
+from ..core.sampling import SamplingParams, distribution, pending_distribution
 from ..core.stats import Stats
 from .drafters import Drafter, Outcome
 
@@ -48,7 +48,11 @@ class Round:
 
 
 class _ProcessedRows:
-    """Target rows processed on first access: rows after a rejection are never computed."""
+    """Target rows processed on first access: rows after a rejection are never computed.
+
+    A row that scores a draft is made :func:`~edgespec.core.sampling.pending_distribution`
+    (the test usually decides from bounds, with no pass of ``exp`` over it); the last row is
+    always sampled (the bonus token, or the plain step's token) and is processed at once."""
 
     def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
         self._logits = logits
@@ -61,7 +65,8 @@ class _ProcessedRows:
     def __getitem__(self, i: int) -> AnyDist:
         row = self._rows.get(i)
         if row is None:
-            row = self._rows[i] = distribution(self._logits[i], self._params)
+            make = distribution if i == len(self) - 1 else pending_distribution
+            row = self._rows[i] = make(self._logits[i], self._params)
         return row
 
 
