@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -607,3 +608,56 @@ def test_overhead_runs_the_real_loop_on_a_synthetic_model_and_writes_json(tmp_pa
     assert by[("lookup", 16, "greedy")]["tokens"] > 1.5 * by[("lookup", 16, "greedy")]["rounds"]
     assert by[("model", 4, "greedy")]["tokens"] > 1.5 * by[("model", 4, "greedy")]["rounds"]
     assert "µs/token" in res.output
+
+
+def test_overhead_on_recorded_rows(tmp_path):
+    # rows saved as a recording is (save_pools): the bench runs on them, says so, and pairs
+    # each target row with the draft row of the same position (a draft equal to the target
+    # is then always accepted: ~k + 1 tokens a round)
+    from edgespec.bench.overhead import load_pools, make_pools, measure, make_prompt, save_pools
+    from edgespec.cli.main import cli
+
+    target, _, _ = make_pools(3000)
+    rows = tmp_path / "rows.npz"
+    save_pools(rows, target[:40], target[:40].copy())
+    pools = load_pools(rows)
+    assert pools[0].shape == (40, 3000) and pools[2].size >= 4
+    r = measure("model", 4, "greedy", pools, make_prompt(pools[2]), 64)
+    assert r.tokens >= 4.5 * r.rounds
+    out = tmp_path / "overhead.json"
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--recorded", str(rows), "-r", "1",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["vocab"] == 3000 and doc["rows"] == str(rows)
+    assert f"rows recorded in {rows}" in res.output
+
+
+@pytest.mark.parametrize("case", ["not-npz", "one-array", "float64", "mismatched"])
+def test_overhead_refuses_a_bad_recording(case, tmp_path):
+    from edgespec.bench.overhead import load_pools
+    from edgespec.errors import ConfigError
+
+    path = tmp_path / "rows.npz"
+    a = np.zeros((4, 50), np.float32)
+    if case == "not-npz":
+        path.write_text("not rows")
+    elif case == "one-array":
+        np.savez(path, target=a)
+    elif case == "float64":
+        np.savez(path, target=a.astype(np.float64), draft=a)
+    else:
+        np.savez(path, target=a, draft=a[:3])
+    with pytest.raises(ConfigError, match="rows"):
+        load_pools(path)
+
+
+def test_recorded_needs_overhead_and_no_vocab(tmp_path):
+    from edgespec.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["bench", "--recorded", str(tmp_path / "r.npz")])
+    assert res.exit_code != 0 and "--recorded is an option of --overhead" in res.output
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "100", "--recorded",
+                                   str(tmp_path / "r.npz")])
+    assert res.exit_code != 0 and "--vocab and --recorded" in res.output
+    assert "Traceback" not in res.output

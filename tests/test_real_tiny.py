@@ -341,3 +341,22 @@ def test_drafts_from_the_device_window_equal_the_host_windows(tiny_engine, monke
 def test_a_self_draft_has_no_draft_window(tiny_engine):
     # (the tiny pair drafts for itself: q must stay the target's own p, bit for bit)
     assert tiny_engine.draft_window == 0
+
+
+def test_recorded_rows_pair_each_target_row_with_the_drafts(tiny_engine, tmp_path):
+    # bench --overhead --recorded: rows of the real model at positions of its own text. The
+    # tiny pair drafts for itself, so each draft row must equal its target row bit for bit,
+    # and the bench's draft model on them is accepted nearly always (a draft's window leaves
+    # out the tokens under 1e-4 of its top one: q differs from p by that little mass)
+    from edgespec.bench.overhead import load_pools, make_prompt, measure, record_pools, save_pools
+    from edgespec.bench.prompts import load_prompts
+
+    target, draft = record_pools(tiny_engine, load_prompts()[:2], n_rows=12)
+    assert target.shape == draft.shape == (12, tiny_engine.target.n_vocab)
+    assert target.dtype == np.float32 and np.isfinite(target).all()
+    np.testing.assert_array_equal(target, draft)
+    assert len({row.tobytes() for row in target}) == 12  # twelve positions, not one
+    save_pools(tmp_path / "rows.npz", target, draft)
+    pools = load_pools(tmp_path / "rows.npz")
+    r = measure("model", 4, "t0.8", pools, make_prompt(pools[2]), 96)
+    assert r.tokens >= 4.5 * r.rounds

@@ -142,10 +142,11 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
     sampled from (Leviathan et al. 2023, section 2.3; Chen et al. 2023, theorem 1), and its
     acceptance rate is ``sum(min(p, q))``, which the window lowers by at most the mass ``q``
     had outside it. A draft's few most likely tokens hold nearly all of it (the default pair
-    at T 0.8: a median of 4 tokens above the floor, mean acceptance 0.8692 with the window,
-    0.8692 with 64 tokens, 0.8693 with the whole row), and finding them is one pass over the
-    row that reads the few columns reaching the floor, instead of an ``exp`` of the whole row
-    (plain temperature), of a flat nucleus (top-p) or of every token above min-p's floor.
+    at T 0.8: a median of 4 tokens above the floor; mean acceptance over 560 positions 0.8678
+    with this window, 0.8677 with 64 tokens, 0.8676 with the whole row), and finding them is
+    one pass over the row that reads the few columns reaching the floor, instead of an
+    ``exp`` of the whole row (plain temperature), of a flat nucleus (top-p) or of every token
+    above min-p's floor.
     Top-k at most ``window`` keeps the same tokens either way. The target is never windowed.
     """
     x = logits
