@@ -236,7 +236,12 @@ def _head(maxima: "_Maxima", top: float, t: float
         e = cols - np.float32(top)
         e *= np.float32(1.0 / t)
         np.exp(e, out=e)
-        rest = max(float(e.sum(dtype=np.float64)) - float(e[head].sum(dtype=np.float64)), 0.0)
+        maxima_weight = float(e[head].sum(dtype=np.float64))
+        rest = max(float(e.sum(dtype=np.float64)) - maxima_weight, 0.0)
+        # a guess before the head is read: its weight is mostly its columns' maxima (a
+        # wrong guess costs time, never exactness)
+        if (maxima_weight + _SLICES * rest) > _HEAD_RATIO * (maxima_weight + rest):
+            return None
         values = maxima.grid[:, head]
         weights = np.exp((values.astype(np.float64) - top) / t)
         exact = float(weights.sum())
