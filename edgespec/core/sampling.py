@@ -213,13 +213,14 @@ _HEAD_EPS = 3e-5
 _HEAD_EPS_ARG = 3e-7
 
 
-def _head(maxima: "_Maxima", top: float, t: float
-          ) -> tuple[np.ndarray, np.ndarray, float, float] | None:
+def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True
+          ) -> tuple[np.ndarray | None, np.ndarray | None, float, float] | None:
     """A confident row's head and bounds on its total weight, with no pass over the row
     beyond its maxima: ``(ids, w, lo, hi)``, the ids (ascending) of every logit that weighs
     at least exp(:data:`_HEAD_LOG`) and their float64 weights ``exp((x - top) / T)``, and
     ``lo <= Z <= hi`` for the row's total ``Z`` (within :data:`_HEAD_EPS` of the Dense form's
-    total too). ``None`` for a flat row.
+    total too). ``None`` for a flat row. ``listed=False``: the bounds only (ids and weights
+    ``None``), for a caller that never reads them.
 
     ``Z`` is the exact weight of the columns whose maximum reaches the head (all 64 logits of
     each) plus, for every other column, between one and 64 times its maximum's weight.
@@ -245,20 +246,22 @@ def _head(maxima: "_Maxima", top: float, t: float
         values = maxima.grid[:, head]
         weights = np.exp((values.astype(np.float64) - top) / t)
         exact = float(weights.sum())
-        rows, at = (values >= floor).nonzero()
-        ids = rows * cols.size + head[at]
-        w = weights[rows, at]
         tail = maxima.tail
-        if tail.size:
+        if tail.size:  # (the default vocabulary has none: 64 x 2,374)
             tw = np.exp((tail.astype(np.float64) - top) / t)
             exact += float(tw.sum())
-            more = (tail >= floor).nonzero()[0]
-            ids = np.concatenate([ids, more + maxima.grid.size])
-            w = np.concatenate([w, tw[more]])
     lo = (exact + rest * (1.0 - 2e-5)) * (1.0 - _HEAD_EPS)
     hi = (exact + _SLICES * rest * (1.0 + 2e-5) + 1e-30) * (1.0 + _HEAD_EPS)
     if hi > _HEAD_RATIO * lo:
         return None
+    if not listed:
+        return None, None, lo, hi
+    rows, at = (values >= floor).nonzero()
+    ids, w = rows * cols.size + head[at], weights[rows, at]
+    if tail.size:
+        more = (tail >= floor).nonzero()[0]
+        ids = np.concatenate([ids, more + maxima.grid.size])
+        w = np.concatenate([w, tw[more]])
     order = ids.argsort()
     return ids[order], w[order], lo, hi
 
@@ -278,7 +281,7 @@ def pending_distribution(x: np.ndarray, params: SamplingParams,
     if maxima is None or not math.isfinite(maxima.top):
         return distribution(x, params, n_vocab)
     top, t, n = maxima.top, params.temperature, n_vocab or x.size
-    head = _head(maxima, top, t)
+    head = _head(maxima, top, t, listed=False)
     if head is None:
         return _dense(x, top, t, n)
     lo, hi = head[2:]
