@@ -585,6 +585,57 @@ def test_overhead_takes_the_draft_window(window, tmp_path, monkeypatch):
     assert ("whole draft rows" if window == 0 else f"draft window {window}") in res.output
 
 
+def test_overhead_device_window_takes_sampled_drafts_from_the_windows(tmp_path, monkeypatch):
+    # as on a GPU: every sampled draft comes from a window the synthetic device hands out
+    # (window_distribution), none from a whole row on the host (draft_distribution)
+    from edgespec.bench.overhead import device_windows, make_pools
+    from edgespec.cli.main import cli
+    from edgespec.runtime import drafters
+
+    _, draft, _ = make_pools(2000)
+    ids, logits = device_windows(draft, 64)
+    assert ids.shape == logits.shape == (draft.shape[0], 64)
+    for r in (0, 5, 96):
+        assert np.array_equal(np.sort(logits[r]), np.sort(draft[r])[-64:])
+        assert np.array_equal(draft[r, ids[r]], logits[r])
+    calls = {"window": 0}
+    real = drafters.window_distribution
+
+    def window(*a):
+        calls["window"] += 1
+        return real(*a)
+
+    def whole_row(x, p, n=None, w=0):
+        assert p.greedy, "a sampled draft read a whole row"
+        return drafters.draft_distribution.__wrapped__(x, p, n, w)
+
+    monkeypatch.setattr(drafters, "window_distribution", window)
+    whole_row.__wrapped__ = drafters.draft_distribution
+    monkeypatch.setattr(drafters, "draft_distribution", whole_row)
+    out = tmp_path / "overhead.json"
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "2000", "-r", "1",
+                                   "--device-window", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["device_window"] is True and doc["draft_window"] == 64
+    assert "draft window 64 from the device" in res.output
+    assert calls["window"] > 100
+    # sampled drafts still get accepted: the windows are the draft rows' own
+    by = {(r["drafter"], r["k"], r["sampling"]): r for r in doc["overhead"]}
+    assert by[("model", 4, "t0.8")]["tokens"] > 1.5 * by[("model", 4, "t0.8")]["rounds"]
+
+
+def test_device_window_needs_overhead_and_a_window():
+    from edgespec.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["bench", "--device-window"])
+    assert res.exit_code != 0 and "--device-window is an option of --overhead" in res.output
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "100", "--device-window",
+                                   "--draft-window", "0"])
+    assert res.exit_code != 0 and "needs a draft window" in res.output
+    assert "Traceback" not in res.output
+
+
 def test_overhead_runs_the_real_loop_on_a_synthetic_model_and_writes_json(tmp_path):
     from edgespec.cli.main import cli
 

@@ -16,6 +16,12 @@ default target's own rows at temperature 0.8 put a median 99.5% of their mass on
 ``--recorded PATH`` runs the same bench on rows recorded from the real pair instead
 (:func:`record_pools`): the target's and the draft's rows at the same positions of the
 target's own text, so a draft is as right as the real draft model is.
+
+On a GPU that holds the draft model's output layer, a sampled draft's window is taken in
+llama.cpp's graph and its rows never reach the host (the backend's ``device_window``).
+``--device-window`` measures that path: the synthetic draft hands out each row's window,
+computed in advance like its greedy picks, so the host's work per draft token is the window's
+distribution and the draw, not a pass over a 152k row.
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ class SyntheticModel:
     graph): each pool row's arg-max is known in advance, so they cost the loop nothing either.
     """
 
-    def __init__(self, pool: np.ndarray, n_ctx: int) -> None:
+    def __init__(self, pool: np.ndarray, n_ctx: int,
+                 windows: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.pool = pool
         self.n_vocab = pool.shape[1]
         self.n_rows = pool.shape[0]
@@ -78,20 +85,27 @@ class SyntheticModel:
         self.decode_seconds = 0.0
         self._out = np.empty((0, self.n_vocab), pool.dtype)
         self._picks = pool.argmax(axis=1).astype(np.int32)
+        self._windows = windows
+        #: windows given (:func:`device_windows`): drafts take them as from a GPU's top-k
+        self.device_window = windows is not None
 
     def sync(self, prefix: Sequence[int]) -> int:
         n = common_prefix(self.tokens, prefix)
         del self.tokens[n:]
         return n
 
-    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        t0 = time.perf_counter()
+    def _advance(self, tokens: Sequence[int], n_logits: int) -> list[int]:
+        """Append ``tokens``; the pool rows of the last ``n_logits`` positions."""
         start = len(self.tokens)
         self.tokens.extend(tokens)
         ctx = self.tokens
         first = start + len(tokens) - n_logits
-        rows = [row_index(ctx[i - 1] if i else 0, ctx[i], self.n_rows)
+        return [row_index(ctx[i - 1] if i else 0, ctx[i], self.n_rows)
                 for i in range(first, len(ctx))]
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        rows = self._advance(tokens, n_logits)
         if len(rows) > self._out.shape[0]:
             self._out = np.empty((len(rows), self.n_vocab), self.pool.dtype)
         out = self._out[: len(rows)]
@@ -103,14 +117,30 @@ class SyntheticModel:
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         t0 = time.perf_counter()
-        start = len(self.tokens)
-        self.tokens.extend(tokens)
-        ctx = self.tokens
-        first = start + len(tokens) - n_logits
-        ids = self._picks[[row_index(ctx[i - 1] if i else 0, ctx[i], self.n_rows)
-                           for i in range(first, len(ctx))]]
+        ids = self._picks[self._advance(tokens, n_logits)]
         self.decode_seconds += time.perf_counter() - t0
         return ids
+
+    def decode_window(self, tokens: Sequence[int], n_logits: int,
+                      window: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's window as the real backend's device gives it (``device_window`` only)."""
+        t0 = time.perf_counter()
+        if self._windows is None or self._windows[0].shape[1] != min(window, self.n_vocab):
+            raise ValueError(f"no device windows of {window} for this synthetic model")
+        rows = self._advance(tokens, n_logits)
+        ids, logits = self._windows[0][rows], self._windows[1][rows]
+        self.decode_seconds += time.perf_counter() - t0
+        return ids, logits
+
+
+def device_windows(pool: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pool row's ``window`` largest logits and their ids (int32 and float32, shape
+    ``(rows, window)``, in no order), as llama.cpp's top-k in a GPU's graph hands a draft's
+    window to the host (the real backend's ``decode_window``): computed once, so that they
+    cost the loop nothing, as on the device."""
+    width = min(window, pool.shape[1])
+    ids = np.argpartition(pool, pool.shape[1] - width, axis=1)[:, pool.shape[1] - width:]
+    return ids.astype(np.int32), np.take_along_axis(pool, ids, axis=1)
 
 
 def row_index(prev: int, token: int, n_rows: int = _N_ROWS) -> int:
@@ -209,16 +239,19 @@ class OverheadResult:
 
 
 def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
-            n_tokens: int, seed: int = 0, draft_window: int = DRAFT_WINDOW) -> OverheadResult:
+            n_tokens: int, seed: int = 0, draft_window: int = DRAFT_WINDOW,
+            windows: tuple[np.ndarray, np.ndarray] | None = None) -> OverheadResult:
     """Generate ``n_tokens`` with one configuration; return its host time (best of warm runs).
-    ``draft_window``: the draft model's proposal window (see ``make_drafter``)."""
+    ``draft_window``: the draft model's proposal window (see ``make_drafter``); ``windows``:
+    the draft pool's :func:`device_windows` of that size, to take them as from a GPU."""
     keep_freed_memory()  # as the engine does
     target_pool, draft_pool, _ = pools
     params = SAMPLINGS[label]
     params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
     n_ctx = len(prompt) + n_tokens + 64
     target = SyntheticModel(target_pool, n_ctx)
-    draft = SyntheticModel(draft_pool, n_ctx) if drafter in ("model", "hybrid", "auto") else None
+    draft = (SyntheticModel(draft_pool, n_ctx, windows)
+             if drafter in ("model", "hybrid", "auto") else None)
     policy = None
     if drafter == "auto":
         policy = Policy(CostCurve(dict(GPU_CURVE)), CostEstimate(GPU_DRAFT_TOKEN))
@@ -250,19 +283,25 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
 def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int = 3,
                  drafters: Sequence[str] = DRAFTERS, samplings: Sequence[str] = tuple(SAMPLINGS),
                  lengths: Sequence[int] = LENGTHS, progress=None,
-                 draft_window: int = DRAFT_WINDOW, pools=None) -> list[OverheadResult]:
+                 draft_window: int = DRAFT_WINDOW, pools=None,
+                 device_window: bool = False) -> list[OverheadResult]:
     """Every (drafter, k, sampling); each the best of ``repeats`` runs (host time is noisy
     upwards only: the best run is the closest to the code's own cost). ``pools``: rows to
-    use (:func:`load_pools`) instead of generated ones of ``n_vocab``."""
+    use (:func:`load_pools`) instead of generated ones of ``n_vocab``. ``device_window``:
+    sampled drafts get their windows as from a GPU's graph (:func:`device_windows`), not
+    from whole rows on the host."""
+    if device_window and not draft_window:
+        raise ConfigError("a device window needs a draft window (--draft-window > 0)")
     if pools is None:
         pools = make_pools(n_vocab)
+    windows = device_windows(pools[1], draft_window) if device_window else None
     prompt = make_prompt(pools[2])
     results = []
     for drafter in drafters:
         for k in (lengths if drafter != "none" else lengths[:1]):
             for label in samplings:
                 runs = [measure(drafter, k, label, pools, prompt, n_tokens, seed=r,
-                                draft_window=draft_window)
+                                draft_window=draft_window, windows=windows)
                         for r in range(repeats)]
                 best = min(runs, key=lambda r: r.us_per_token)
                 results.append(best)
@@ -272,10 +311,13 @@ def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int
 
 
 def format_table(results: Sequence[OverheadResult], n_vocab: int,
-                 draft_window: int = DRAFT_WINDOW, recorded=None) -> str:
+                 draft_window: int = DRAFT_WINDOW, recorded=None,
+                 device_window: bool = False) -> str:
     """The results as an aligned text table (``recorded``: the file of the rows, if not
-    generated)."""
+    generated; ``device_window``: the draft windows came as from a GPU)."""
     window = f"draft window {draft_window}" if draft_window else "whole draft rows"
+    if device_window:
+        window += " from the device"
     rows = f"rows recorded in {recorded}" if recorded is not None else "generated rows"
     lines = [f"host work per token, vocabulary {n_vocab:,}, {window}, {rows} "
              "(synthetic model: no model time)",

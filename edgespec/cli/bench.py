@@ -100,6 +100,10 @@ if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs
                    "--draft) instead of generated ones: read from PATH (.npz) if it exists, "
                    "else recorded there first (the target's own text at temperature 0.8 on "
                    "the bench prompts, scored by both models; about a minute on 2 cores).")
+@click.option("--device-window", is_flag=True,
+              help="--overhead as on a GPU that holds the draft's output layer: sampled drafts "
+                   "get each row's --draft-window largest logits from the device (llama.cpp's "
+                   "top-k in its graph), and no draft row reaches the host.")
 @click.option("--llama-cpp-bin", type=click.Path(path_type=Path),
               default=None, metavar="DIR",
               help="Also run llama.cpp's own llama-bench, llama-speculative-simple and "
@@ -132,9 +136,11 @@ bench.params = [temperature if p.name == "temperature" else p
 
 def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, lengths, sweep,
            memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, overhead, vocab,
-           recorded, llama_cpp_bin, json_path, plot_path, **opts) -> None:
+           recorded, device_window, llama_cpp_bin, json_path, plot_path, **opts) -> None:
     if recorded is not None and not overhead:
         raise ConfigError("--recorded is an option of --overhead")
+    if device_window and not overhead:
+        raise ConfigError("--device-window is an option of --overhead")
     if overhead:
         pools = None
         if recorded is not None:
@@ -142,7 +148,8 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                 raise ConfigError("--vocab and --recorded: the recorded rows have their own "
                                   "vocabulary")
             pools = _recorded_pools(recorded, opts, prompts_file)
-        _overhead(vocab, repeats, json_path, opts["draft_window"], pools, recorded)
+        _overhead(vocab, repeats, json_path, opts["draft_window"], pools, recorded,
+                  device_window)
         return
     from ..core.sampling import SamplingParams
     from ..runtime.drafters import DRAFTER_NAMES
@@ -450,7 +457,7 @@ def _recorded_pools(path: Path, opts: dict, prompts_file: Path | None):
 
 
 def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_window: int,
-              pools=None, recorded: Path | None = None) -> None:
+              pools=None, recorded: Path | None = None, device_window: bool = False) -> None:
     import json
 
     from ..bench.overhead import DEFAULT_VOCAB, format_table, run_overhead
@@ -467,11 +474,11 @@ def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_win
                    err=True)
 
     results = run_overhead(n_vocab, repeats=repeats, progress=progress,
-                           draft_window=draft_window, pools=pools)
-    click.echo(format_table(results, n_vocab, draft_window, recorded))
+                           draft_window=draft_window, pools=pools, device_window=device_window)
+    click.echo(format_table(results, n_vocab, draft_window, recorded, device_window))
     if json_path is not None:
         doc = {"overhead": [r.to_dict() for r in results], "vocab": n_vocab,
-               "draft_window": draft_window,
+               "draft_window": draft_window, "device_window": device_window,
                "rows": str(recorded) if recorded is not None else "generated"}
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
         click.echo(f"wrote {json_path}", err=True)
