@@ -167,7 +167,7 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
     if found.size > window:
         values = x[found]
         found = found[values >= np.partition(values, found.size - window)[found.size - window]]
-    return _filtered(x, top, found, params, None, n_vocab or x.size)
+    return _filtered(x, top, found, params, None, n_vocab or x.size, floored=True)
 
 
 def window_distribution(ids: np.ndarray, logits: np.ndarray, params: SamplingParams,
@@ -178,10 +178,14 @@ def window_distribution(ids: np.ndarray, logits: np.ndarray, params: SamplingPar
     padding) are left out. Equal to
     :func:`draft_distribution` when the window holds the row's largest logits (only a tie at
     its edge can make a backend's window another one, and any window is exact)."""
-    keep = ids < n_vocab
-    order = np.argsort(ids[keep], kind="stable")
-    ids = ids[keep][order].astype(np.int64)
-    x = np.ascontiguousarray(logits[keep][order], dtype=np.float32)
+    order = ids.argsort()  # (a window's ids are distinct: any sort gives the same order)
+    ids, x = ids[order], logits[order]
+    if ids.size and ids[-1] >= n_vocab:
+        end = int(ids.searchsorted(n_vocab))
+        ids, x = ids[:end], x[:end]
+    ids = ids.astype(np.int64)
+    if x.dtype != np.float32:
+        x = x.astype(np.float32)
     if ids.size == 0:
         raise LogitsError("the draft's window holds no token of the target's vocabulary")
     # over positions 0..size-1 (ascending ids: ties go to the lowest id), as draft_distribution
@@ -192,7 +196,7 @@ def window_distribution(ids: np.ndarray, logits: np.ndarray, params: SamplingPar
         d = _filtered(x, top, np.arange(x.size), params, None, x.size)
     else:
         inside = (x >= window_floor(top, params.temperature)).nonzero()[0]
-        d = _filtered(x, top, inside, params, None, x.size)
+        d = _filtered(x, top, inside, params, None, x.size, floored=True)
     if isinstance(d, OneHot):
         return OneHot(int(ids[d.token]), n_vocab)
     return Sparse(ids[d.ids], d.probs, n_vocab)
@@ -456,10 +460,18 @@ def _looks_flat(part: np.ndarray, cut: int, stride: int, top: float, t: float,
     return below > share * (below + above + 1.0)
 
 
-def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float) -> np.ndarray:
-    """float64 weights exp((x - top) / T) of the logits at ``ids``."""
+def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float,
+             floored: bool = False) -> np.ndarray:
+    """float64 weights exp((x - top) / T) of the logits at ``ids``. ``floored``: none of them
+    can underflow (they are above a window's floor), so NumPy's error state is left alone
+    (setting it costs more than the exp of a window)."""
+    v = x[ids].astype(np.float64)
+    v -= top
+    v /= t
+    if floored:
+        return np.exp(v, out=v)
     with np.errstate(under="ignore"):
-        return np.exp((x[ids].astype(np.float64) - top) / t)
+        return np.exp(v, out=v)
 
 
 #: top-p orders the head of its candidates first (see :func:`_descending_order`)
@@ -508,13 +520,14 @@ def _descending_order(x: np.ndarray, ids: np.ndarray, w: np.ndarray,
 
 def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams,
               dense: Dense | None, n: int, w: np.ndarray | None = None,
-              order: np.ndarray | None = None) -> AnyDist:
+              order: np.ndarray | None = None, floored: bool = False) -> AnyDist:
     """Apply top-k, top-p and min-p to the candidates ``ids`` (ascending, a superset of every
     token the filters can keep); ``dense``: the whole row's weights when top-p needs their
     total and top-k does not bound the set first; ``w``: the candidates' weights, if known,
-    and ``order`` their :func:`_descending_order`, if known."""
+    and ``order`` their :func:`_descending_order`, if known. ``floored``: every candidate is
+    at or above a draft window's floor (weights of 1e-4 or more: none is 0)."""
     if w is None:
-        w = _weights(x, ids, top, params.temperature)
+        w = _weights(x, ids, top, params.temperature, floored)
     if params.top_k and params.top_k < ids.size or params.top_p < 1.0:
         if order is None:
             order = _descending_order(x, ids, w)
@@ -536,10 +549,15 @@ def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams
             order = order[kept]
         keep = np.sort(order)
         ids, w = ids[keep], w[keep]
-    cut = w > 0.0  # -inf logits (or weights below float64's range) were never candidates
     if params.min_p > 0.0:
-        cut &= w >= params.min_p * w.max()
-    ids, w = ids[cut], w[cut]
+        cut = w >= params.min_p * w.max()
+        if not floored:
+            cut &= w > 0.0
+        ids, w = ids[cut], w[cut]
+    elif not floored:
+        cut = w > 0.0  # -inf logits (or weights below float64's range) were never candidates
+        if np.count_nonzero(cut) < cut.size:
+            ids, w = ids[cut], w[cut]
     return Sparse(ids, w / w.sum(), n)
 
 
