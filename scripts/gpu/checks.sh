@@ -76,6 +76,8 @@ TAIL=20 run 150 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
 TAIL=40 run 120 bench_exact $ES bench $GPU -r 2 --exact --drafters none,auto,hybrid --json "$R/bench_exact.json" --plot "$R/bench_exact.png"
 
 section "5 sampled: the device window against whole rows (issue 10 on a GPU)"
+# the host work of the GPU path on this machine's CPU (no model: a synthetic one), then the real
+TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
 if [ "$SELF" = 0 ]; then
   TAIL=30 run 100 bench_t08_window $ES bench $GPU -r 1 --temperature 0.8 --seed 1 --drafters none,model,hybrid,auto --json "$R/bench_t08_window.json" --plot "$R/w.png"
 fi
