@@ -241,14 +241,18 @@ def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True
         e = cols - np.float32(top)
         e *= np.float32(1.0 / t)
         np.exp(e, out=e)
-        maxima_weight = float(e[head].sum(dtype=np.float64))
-        rest = max(float(e.sum(dtype=np.float64)) - maxima_weight, 0.0)
+        e = e.astype(np.float64)  # (once: two float64 sums of a float32 array cast twice)
+        maxima_weight = float(e[head].sum())
+        rest = max(float(e.sum()) - maxima_weight, 0.0)
         # a guess before the head is read: its weight is mostly its columns' maxima (a
         # wrong guess costs time, never exactness)
         if (maxima_weight + _SLICES * rest) > _HEAD_RATIO * (maxima_weight + rest):
             return None
         values = maxima.grid[:, head]
-        weights = np.exp((values.astype(np.float64) - top) / t)
+        weights = values.astype(np.float64)
+        weights -= top
+        weights /= t
+        np.exp(weights, out=weights)
         exact = float(weights.sum())
         tail = maxima.tail
         if tail.size:  # (the default vocabulary has none: 64 x 2,374)
