@@ -36,7 +36,7 @@ from ..config import DRAFT_WINDOW
 from ..core.costs import CostCurve
 from ..core.lookup import common_prefix
 from ..core.policy import CostEstimate, Policy
-from ..core.sampling import SamplingParams, make_rng
+from ..core.sampling import SamplingParams, make_rng, top_window
 from ..core.stats import Stats
 from ..errors import ConfigError
 from ..runtime.allocator import keep_freed_memory
@@ -138,9 +138,7 @@ def device_windows(pool: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarra
     ``(rows, window)``, in no order), as llama.cpp's top-k in a GPU's graph hands a draft's
     window to the host (the real backend's ``decode_window``): computed once, so that they
     cost the loop nothing, as on the device."""
-    width = min(window, pool.shape[1])
-    ids = np.argpartition(pool, pool.shape[1] - width, axis=1)[:, pool.shape[1] - width:]
-    return ids.astype(np.int32), np.take_along_axis(pool, ids, axis=1)
+    return top_window(pool, min(window, pool.shape[1]))
 
 
 def row_index(prev: int, token: int, n_rows: int = _N_ROWS) -> int:

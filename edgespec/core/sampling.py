@@ -170,6 +170,14 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
     return _filtered(x, top, found, params, None, n_vocab or x.size, floored=True)
 
 
+def top_window(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``window`` largest logits and their ids (int32 and float32, shape
+    ``(rows, window)``, in no order; ``window`` at most the row's length): a draft's window as
+    :func:`window_distribution` takes it."""
+    ids = np.argpartition(rows, rows.shape[1] - window, axis=1)[:, rows.shape[1] - window:]
+    return ids.astype(np.int32), np.take_along_axis(rows, ids, axis=1)
+
+
 def window_distribution(ids: np.ndarray, logits: np.ndarray, params: SamplingParams,
                         n_vocab: int) -> AnyDist:
     """A draft's proposal distribution from a window a backend took (``ids`` in any order,
@@ -249,14 +257,11 @@ def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True
         if (maxima_weight + _SLICES * rest) > _HEAD_RATIO * (maxima_weight + rest):
             return None
         values = maxima.grid[:, head]
-        weights = values.astype(np.float64)
-        weights -= top
-        weights /= t
-        np.exp(weights, out=weights)
+        weights = _scaled_exp(values, top, t)
         exact = float(weights.sum())
         tail = maxima.tail
         if tail.size:  # (the default vocabulary has none: 64 x 2,374)
-            tw = np.exp((tail.astype(np.float64) - top) / t)
+            tw = _scaled_exp(tail, top, t)
             exact += float(tw.sum())
     lo = (exact + rest * (1.0 - 2e-5)) * (1.0 - _HEAD_EPS)
     hi = (exact + _SLICES * rest * (1.0 + 2e-5) + 1e-30) * (1.0 + _HEAD_EPS)
@@ -464,18 +469,24 @@ def _looks_flat(part: np.ndarray, cut: int, stride: int, top: float, t: float,
     return below > share * (below + above + 1.0)
 
 
+def _scaled_exp(values: np.ndarray, top: float, t: float) -> np.ndarray:
+    """float64 weights exp((values - top) / T), computed in one new array (the caller sets
+    NumPy's error state for underflow)."""
+    v = values.astype(np.float64)
+    v -= top
+    v /= t
+    return np.exp(v, out=v)
+
+
 def _weights(x: np.ndarray, ids: np.ndarray, top: float, t: float,
              floored: bool = False) -> np.ndarray:
     """float64 weights exp((x - top) / T) of the logits at ``ids``. ``floored``: none of them
     can underflow (they are above a window's floor), so NumPy's error state is left alone
     (setting it costs more than the exp of a window)."""
-    v = x[ids].astype(np.float64)
-    v -= top
-    v /= t
     if floored:
-        return np.exp(v, out=v)
+        return _scaled_exp(x[ids], top, t)
     with np.errstate(under="ignore"):
-        return np.exp(v, out=v)
+        return _scaled_exp(x[ids], top, t)
 
 
 #: top-p orders the head of its candidates first (see :func:`_descending_order`)

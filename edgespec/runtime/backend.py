@@ -44,6 +44,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..core.lookup import common_prefix
+from ..core.sampling import top_window
 from ..errors import ConfigError, ContextOverflowError, IncompatibleDraftError, ModelError
 from .kernels import BATCH_DEPENDENT, EXACT_FIXED_WIDTH, EXACT_PIECES, flash_attention_off
 from .rpc import DEFAULT_RPC_TIMEOUT_S
@@ -508,8 +509,7 @@ class LlamaBackend:
         rows = self.decode(tokens, n_logits)
         if not n_logits or window <= 0:
             return np.empty((n_logits, 0), np.int32), np.empty((n_logits, 0), np.float32)
-        ids = np.argpartition(rows, rows.shape[1] - window, axis=1)[:, rows.shape[1] - window:]
-        return ids.astype(np.int32), np.take_along_axis(rows, ids, axis=1)
+        return top_window(rows, window)
 
     @property
     def _argmax_on(self) -> bool:
