@@ -216,7 +216,9 @@ def test_a_bracket_that_misses_tries_a_wider_band_before_the_bins(monkeypatch):
     got = distribution(row, params)
     assert isinstance(got, Truncated)
     assert isinstance(got.listed(), Dense)
-    assert len(restored) == 2  # the weights, then once more after the first band missed
+    # the weights (through _dense_into unless the compiled pass made them in _dense), then
+    # once more after the first band missed
+    assert len(restored) == (1 if sampling._ROWS is not None else 2)
     assert_same(row, params, rtol=1e-5, delta=1e-6)
 
 
@@ -750,9 +752,12 @@ def test_the_native_exp_kernel_is_found_here():
     assert _native.exp_kernel() is not None
 
 
+@pytest.mark.parametrize("path", ["compiled", "ggml"])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 255, 4099, 151_936])
 @pytest.mark.parametrize("shift", [0.0, 3.5, -2.0])
-def test_exp_shifted_matches_float64(size, shift):
+def test_exp_shifted_matches_float64(size, shift, path, monkeypatch):
+    if path == "ggml":
+        monkeypatch.setattr(sampling, "_ROWS", None)
     rng = np.random.default_rng(size)
     x = rng.normal(0, 8, size).astype(np.float32)
     x[:: 5] = -np.inf
@@ -762,7 +767,8 @@ def test_exp_shifted_matches_float64(size, shift):
     # the shift is subtracted in float32 (as NumPy's fall-back does): exp's own error is
     # what is checked
     want = np.exp((x - np.float32(shift)).astype(np.float64))
-    # both ggml's and NumPy's float32 exp are within 2e-7 relative of float64 (measured
+    # the compiled pass's, ggml's and NumPy's float32 exp are all within 2e-7 relative of
+    # float64 (measured
     # over [-120, 0] in steps of 6e-5); subnormals keep few digits: atol at their scale
     np.testing.assert_allclose(out, want, rtol=4e-7, atol=1e-44)
     assert total is not None and total == pytest.approx(want.sum(), rel=1e-6)
@@ -774,6 +780,7 @@ def test_exp_shifted_in_place_and_the_numpy_fall_back(monkeypatch):
     x = np.linspace(-30, 5, 1001).astype(np.float32)
     fast = x.copy()
     sampling.exp_shifted(fast, 5.0, fast)  # in place
+    monkeypatch.setattr(sampling, "_ROWS", None)
     monkeypatch.setattr(sampling, "exp_kernel", lambda: None)
     slow = np.empty_like(x)
     assert sampling.exp_shifted(x, 5.0, slow) is None  # NumPy gives no total
@@ -793,12 +800,27 @@ def test_distribution_with_numpy_exp_equals_the_dense_reference(row, params):
     truncated = (0 < params.top_k < row.size or params.top_p < 1 or params.min_p > 0
                  or params.greedy)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_ROWS", None)
         mp.setattr(sampling, "exp_kernel", lambda: None)
         assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
 
 
-def test_dense_with_a_known_total_makes_its_block_sums_only_to_sample():
+@settings(max_examples=150, deadline=None)
+@given(rows, params_st)
+def test_distribution_with_ggml_exp_equals_the_dense_reference(row, params):
+    """Without the compiled row passes (ggml's exp, NumPy's passes), the same distribution."""
+    if np.all(row == -np.inf):
+        return
+    truncated = (0 < params.top_k < row.size or params.top_p < 1 or params.min_p > 0
+                 or params.greedy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_ROWS", None)
+        assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
+
+
+def test_dense_with_a_known_total_makes_its_block_sums_only_to_sample(monkeypatch):
     row = vocab_row(4096, seed=3)
+    monkeypatch.setattr(sampling, "_ROWS", None)  # (the compiled pass makes them with the total)
     d = distribution(row, SamplingParams(temperature=0.8))
     assert isinstance(d, Dense) and d._blocks is None
     ref = process(row, SamplingParams(temperature=0.8))
@@ -807,6 +829,18 @@ def test_dense_with_a_known_total_makes_its_block_sums_only_to_sample():
     d.sample(np.random.default_rng(0))
     assert d._blocks is not None
     assert d.blocks.sum() == pytest.approx(d.total, rel=1e-6)
+
+
+def test_the_compiled_pass_gives_a_dense_row_its_block_sums_with_its_weights():
+    if sampling._ROWS is None:
+        pytest.skip("the row passes are not compiled here")  # (test_the_row_passes_are_built_here fails)
+    row = vocab_row(4096 + 77, seed=3)
+    d = distribution(row, SamplingParams(temperature=0.8))
+    assert isinstance(d, Dense) and d._blocks is not None
+    # float32 partial sums per block, as dist.block_sums gives them (a different order of
+    # additions: within ~1e-7 of each block's mass)
+    np.testing.assert_allclose(d.blocks, dist.block_sums(d.w), rtol=1e-6, atol=0)
+    assert d.blocks.sum() == pytest.approx(d.total, rel=1e-12)
 
 
 def test_no_native_exp_when_switched_off():
@@ -822,13 +856,15 @@ def test_no_native_exp_when_switched_off():
     assert res.stdout.strip() == "True"
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["ggml", "numpy"])
+@pytest.mark.parametrize("path", ["compiled", "ggml", "numpy"])
 @pytest.mark.parametrize("size", [5, 63, 64, 65, 130, 151_936 + 7])
-def test_tied_logits_get_equal_weights_wherever_they_sit(size, native, monkeypatch):
+def test_tied_logits_get_equal_weights_wherever_they_sit(size, path, monkeypatch):
     """ggml finishes a row's tail with scalar expf, which rounds differently from its SIMD
     loop: exp_shifted must give tied logits the same weight anywhere in the row, or a tie
     at a top-p cut would not go to the lowest id (found by the wide-row property test)."""
-    if not native:
+    if path != "compiled":
+        monkeypatch.setattr(sampling, "_ROWS", None)
+    if path == "numpy":
         monkeypatch.setattr(sampling, "exp_kernel", lambda: None)
     x = np.zeros(size, np.float32)
     x[::3] = -1.7

@@ -107,13 +107,15 @@ class Dense:
 
     __slots__ = ("w", "n", "total", "_blocks", "_cum")
 
-    def __init__(self, w: np.ndarray, n: int, total: float | None = None) -> None:
+    def __init__(self, w: np.ndarray, n: int, total: float | None = None,
+                 blocks: np.ndarray | None = None) -> None:
         """``w``: weights padded with zeros to a multiple of :data:`BLOCK` (it is kept);
         ``total``: their sum, if known (then the block sums wait for the first ``sample``:
-        a target row that is only asked ``prob`` of its draft never needs them)."""
+        a target row that is only asked ``prob`` of its draft never needs them);
+        ``blocks``: the block sums (float64), if known with the total."""
         self.w = w
         self.n = n
-        self._blocks: np.ndarray | None = None
+        self._blocks: np.ndarray | None = blocks if total is not None else None
         if total is None:
             self._blocks = block_sums(w)
             total = float(self._blocks.sum())

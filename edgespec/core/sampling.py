@@ -9,8 +9,9 @@ Order of processing (the Hugging Face / vLLM order): temperature, then top-k, th
 min-p, renormalising once at the end. Greedy (temperature 0) is the one-hot distribution on the
 arg-max; ties go to the lowest token id, for draft and target alike.
 
-This module is NumPy (and, for whole-row ``exp``, ggml's vectorised kernel through
-:mod:`edgespec._native`): it imports nothing from llama_cpp.
+This module is NumPy, with two fused passes over a whole row compiled where edgespec was built
+with them (:mod:`edgespec.core.rowpass`), and otherwise, for whole-row ``exp``, ggml's
+vectorised kernel through :mod:`edgespec._native`: it imports nothing from llama_cpp.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from ..config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_
 from ..errors import ConfigError, LogitsError
 from .dist import (BLOCK, AnyDist, Dense, OneHot, Pending, Sparse, Truncated,  # noqa: F401
                    block_sums, sample)  # (sample: API)
+from .rowpass import rows
+
+#: the compiled row passes (:mod:`edgespec.core.rowpass`), or None: NumPy's
+_ROWS = rows()
 
 #: top-p first looks among this many most likely tokens: partitioning is O(V), a full sort of a
 #: 152k vocabulary is not. If the nucleus is larger, it falls back to the full sort (same result).
@@ -695,14 +700,17 @@ def _lazy_nucleus(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
     margin = _LAZY_MARGIN * d.total
 
     def inside(y: int) -> bool | None:
-        masked, heavier = _scratch(d.w.size, xc.size)
-        xy = xc[y]
-        np.greater(xc, xy, out=heavier)
-        np.multiply(d.w[: xc.size], heavier, out=masked[: xc.size])
-        before = float(block_sums(masked).sum())
-        tied = (xc[:y] == xy).nonzero()[0]
-        if tied.size:
-            before += float(d.w[tied].sum(dtype=np.float64))
+        if _ROWS is not None and _floats(xc):
+            before = _ROWS.mass_before(xc, d.w, y)
+        else:
+            masked, heavier = _scratch(d.w.size, xc.size)
+            xy = xc[y]
+            np.greater(xc, xy, out=heavier)
+            np.multiply(d.w[: xc.size], heavier, out=masked[: xc.size])
+            before = float(block_sums(masked).sum())
+            tied = (xc[:y] == xy).nonzero()[0]
+            if tied.size:
+                before += float(d.w[tied].sum(dtype=np.float64))
         if before < goal - margin:
             return True
         if before >= goal + margin:
@@ -847,15 +855,31 @@ def _cut_band(x: np.ndarray, d: Dense, top: float, params: SamplingParams, band:
 
 
 def _dense(x: np.ndarray, top: float, t: float, n: int) -> Dense:
-    """Untruncated temperature: float32 weights exp((x - top) / t), with their total."""
+    """Untruncated temperature: float32 weights exp((x - top) / t), with their total (and
+    their block sums, in the same pass, where the row passes are compiled)."""
     size = -(-x.size // BLOCK) * BLOCK
     w = np.empty(size, np.float32)
     w[x.size:] = 0.0
+    if _ROWS is not None and _floats(x):
+        blocks = np.empty(size // BLOCK)
+        return Dense(w, n, _ROWS.scaled_exp(x, w, top, _inverse(t), blocks), blocks)
     return Dense(w, n, _dense_into(x, top, t, w[: x.size]))
+
+
+def _floats(x: np.ndarray) -> bool:
+    """Whether the compiled passes take ``x`` (they read C-contiguous float32 only)."""
+    return x.dtype == np.float32 and x.flags.c_contiguous
+
+
+def _inverse(t: float) -> float:
+    """The factor NumPy's path scales by (``1 / t`` rounded to float32), exactly 1 for t = 1."""
+    return 1.0 if t == 1.0 else float(np.float32(1.0 / t))
 
 
 def _dense_into(x: np.ndarray, top: float, t: float, v: np.ndarray) -> float | None:
     """``v = exp((x - top) / t)`` in float32; their sum where the exp kernel gives it."""
+    if _ROWS is not None and _floats(x) and _floats(v) and x.size == v.size:
+        return _ROWS.scaled_exp(x, v, top, _inverse(t))
     if t == 1.0:
         return exp_shifted(x, top, v)
     # (x - top) first, then the scale: a likely token's exponent keeps its digits (x/T
@@ -873,9 +897,12 @@ def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray) -> float | None:
     """``out = exp(x - shift)`` for float32 arrays; returns the sum of ``out`` where the fast
     kernel gives it for free (``None`` otherwise).
 
-    ggml's vectorised kernel where llama.cpp's library has it (2-4x NumPy's on x86, same
-    accuracy: see :func:`edgespec._native.exp_kernel`), else NumPy.
+    The compiled row pass where it was built (:mod:`edgespec.core.rowpass`), else ggml's
+    vectorised kernel where llama.cpp's library has it (2-4x NumPy's on x86, same accuracy:
+    see :func:`edgespec._native.exp_kernel`), else NumPy.
     """
+    if (_ROWS is not None and x.size == out.size and _floats(x) and _floats(out)):
+        return _ROWS.scaled_exp(x, out, shift, 1.0)
     kernel = exp_kernel()
     if (kernel is not None and x.dtype == out.dtype == np.float32 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):

@@ -1,0 +1,54 @@
+"""The sampler's fused passes over a row of logits, compiled (:file:`_rows.c`, issue 10).
+
+A 151,936-wide row and its weights (2 x 600 KB) overflow a 512 KiB L2 cache, so the sampler's
+cost is the number of times it reads and writes them. NumPy does one operation per pass: the
+weights ``exp((x - top) / T)`` take three (a subtraction, a product, the ``exp``) plus one for
+their block sums, and the weight before a token in a flat top-p nucleus takes four. The
+compiled module does each in one pass:
+
+- ``scaled_exp(x, out, top, inv_t, blocks=None) -> float``: ``out = exp((x - top) * inv_t)``
+  (the argument rounded in float32 exactly as NumPy's two operations round it; no product when
+  ``inv_t`` is 1), their float64 sum, and each block of 256's sum into ``blocks``;
+- ``mass_before(x, w, y) -> float``: the sum of ``w`` over the tokens before ``y`` in
+  descending order of ``x``, ties to the lowest id.
+
+Measured on the 2-core development VM (AMD EPYC, AVX2, 151,936 float32 values): the weights
+and their sum 105-110 µs against 133-183 µs for NumPy's passes with ggml's ``exp``, and the
+weight before a token 21-25 µs against 80-110 µs.
+
+It is built when edgespec is installed (``pip install -e .``; optional: without a C compiler
+the install goes on without it). :func:`rows` gives it, or ``None`` where it was not built or
+``EDGESPEC_NUMPY_ROWS=1``; the sampler then does the same in NumPy (same distributions: the
+tests check both paths against the dense reference).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+#: set to 1 to leave the compiled passes unused (NumPy's, as before they existed)
+NO_ROWS = "EDGESPEC_NUMPY_ROWS"
+
+_module: ModuleType | None = None
+_looked_up = False
+
+
+def rows() -> ModuleType | None:
+    """The compiled module (``edgespec.core._rows``), or ``None`` (not built, or switched
+    off). Looked up once."""
+    global _module, _looked_up
+    if not _looked_up:
+        _looked_up = True
+        if os.environ.get(NO_ROWS, "").strip() not in {"1", "true", "yes"}:
+            try:
+                from . import _rows
+            except ImportError:
+                _rows = None
+            _module = _rows
+    return _module
+
+
+def describe() -> str:
+    """Which passes the sampler uses, in words (for benchmark headers)."""
+    return "compiled row passes" if rows() is not None else "NumPy row passes"

@@ -1,0 +1,131 @@
+"""The compiled row passes (edgespec/core/_rows.c) against NumPy and float64.
+
+The sampler's property tests run through them too (they are on by default; the NumPy and
+ggml paths are tested there with them switched off): these check the passes themselves,
+at the sizes where vector and block boundaries fall.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.core import rowpass
+from edgespec.core.dist import BLOCK, block_sums
+
+ROWS = rowpass.rows()
+needs_rows = pytest.mark.skipif(ROWS is None, reason="the row passes are not compiled here")
+
+#: sizes around the kernels' vector width (8) and block (256), and the default vocabulary
+SIZES = [1, 7, 8, 9, 255, 256, 257, 4099, 151_936]
+
+
+def test_the_row_passes_are_built_here():
+    """`pip install -e .` compiles them with the tests' install: a silent fall-back to NumPy
+    would cost ~1.5x per whole-row exp and ~4x per membership test of a flat nucleus."""
+    assert ROWS is not None
+    assert rowpass.describe() == "compiled row passes"
+
+
+@needs_rows
+def test_exp_is_within_2e_7_of_float64_everywhere():
+    # every float32 step of 6e-5 over the range where weights live; subnormals at their scale
+    x = np.linspace(-110.0, 0.0, 1_800_001).astype(np.float32)
+    out = np.empty_like(x)
+    total = ROWS.scaled_exp(x, out, 0.0, 1.0)
+    want = np.exp(x.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=2e-7, atol=1e-44)
+    assert total == pytest.approx(want.sum(), rel=1e-7)
+    edge = np.array([-np.inf, -1e30, -110.0, -104.0, -103.9, -87.4, 0.0, 80.0], np.float32)
+    got = np.empty_like(edge)
+    ROWS.scaled_exp(edge, got, 0.0, 1.0)
+    np.testing.assert_allclose(got, np.exp(edge.astype(np.float64)), rtol=2e-7, atol=1e-44)
+    assert got[0] == got[1] == got[2] == 0.0
+
+
+@needs_rows
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("t", [1.0, 0.8, 0.3])
+def test_scaled_exp_takes_numpys_argument_and_gives_block_sums(size, t):
+    rng = np.random.default_rng(size)
+    x = rng.normal(0, 4, size).astype(np.float32)
+    x[1::5] = -np.inf
+    top = float(x.max())
+    inv = 1.0 if t == 1.0 else float(np.float32(1.0 / t))
+    arg = x - np.float32(top)
+    if t != 1.0:
+        arg *= np.float32(inv)  # NumPy's two roundings, which the pass repeats
+    padded = np.zeros(-(-size // BLOCK) * BLOCK, np.float32)
+    blocks = np.full(padded.size // BLOCK, np.nan)
+    total = ROWS.scaled_exp(x, padded, top, inv, blocks)
+    want = np.exp(arg.astype(np.float64))
+    np.testing.assert_allclose(padded[:size], want, rtol=2e-7, atol=1e-44)
+    assert not padded[size:].any()  # (past the row: untouched)
+    assert total == pytest.approx(want.sum(), rel=1e-6)
+    # float32 partials per block, as block_sums has them (another order: ~1e-7 of a block)
+    np.testing.assert_allclose(blocks, block_sums(padded), rtol=1e-6, atol=0)
+    assert blocks.sum() == pytest.approx(total, rel=1e-12)
+    same = x.copy()
+    ROWS.scaled_exp(same, same, top, inv)  # in place
+    np.testing.assert_array_equal(same, padded[:size])
+
+
+@needs_rows
+@pytest.mark.parametrize("size", [5, 9, 63, 64, 65, 257, 151_936 + 7])
+def test_tied_logits_get_one_weight_wherever_they_sit(size):
+    x = np.zeros(size, np.float32)
+    x[::3] = -1.7
+    out = np.empty_like(x)
+    ROWS.scaled_exp(x, out, 0.3, float(np.float32(1 / 0.7)))
+    assert np.unique(out[x == 0]).size == 1 and np.unique(out[x != 0]).size == 1
+
+
+@needs_rows
+@pytest.mark.parametrize("size", SIZES)
+def test_mass_before_is_the_mass_ahead_in_descending_order(size):
+    rng = np.random.default_rng(size)
+    x = rng.integers(-6, 6, size).astype(np.float32)  # many ties
+    x[::7] = -np.inf
+    w = rng.random(size).astype(np.float32)
+    w[x == -np.inf] = 0.0
+    for y in sorted({0, size // 3, size // 2, size - 1}):
+        got = ROWS.mass_before(x, w, y)
+        ahead = (x > x[y]) | ((x == x[y]) & (np.arange(size) < y))
+        want = w[ahead].sum(dtype=np.float64)
+        # float32 sums within blocks of 256 (then float64): each block's sum is off by at
+        # most 256 float32 roundings of its mass, 256 * 2**-24 = 1.5e-5 of it
+        assert abs(got - want) <= 1.6e-5 * w.sum(dtype=np.float64), (y, got, want)
+
+
+@needs_rows
+def test_the_passes_refuse_what_they_cannot_read():
+    f32 = np.zeros(16, np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        ROWS.scaled_exp(np.zeros(16), f32, 0.0, 1.0)
+    with pytest.raises((ValueError, BufferError)):
+        ROWS.scaled_exp(np.zeros(32, np.float32)[::2], f32, 0.0, 1.0)  # strided
+    frozen = np.zeros(16, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        ROWS.scaled_exp(f32, frozen, 0.0, 1.0)
+    assert ROWS.mass_before(frozen, frozen, 3) == 0.0  # (only reads: a read-only row is fine)
+    with pytest.raises(ValueError, match="shorter"):
+        ROWS.scaled_exp(f32, np.zeros(8, np.float32), 0.0, 1.0)
+    with pytest.raises(ValueError, match="blocks"):
+        ROWS.scaled_exp(f32, f32, 0.0, 1.0, np.zeros(1, np.float32))
+    with pytest.raises(ValueError, match="outside"):
+        ROWS.mass_before(f32, f32, 16)
+
+
+def test_the_row_passes_can_be_switched_off():
+    code = "from edgespec.core import rowpass; print(rowpass.rows() is None, rowpass.describe())"
+    env = {"EDGESPEC_NUMPY_ROWS": "1", "PATH": "/usr/bin:/bin"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "NumPy", "row", "passes"]
