@@ -645,6 +645,8 @@ def test_overhead_runs_the_real_loop_on_a_synthetic_model_and_writes_json(tmp_pa
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert doc["vocab"] == 2000
+    assert doc["row_passes"] == "compiled"  # (test_rowpass: they are built with the tests)
+    assert "compiled row passes" in res.output
     rows = doc["overhead"]
     # every drafter at k=4 and 16 (none once), at greedy, t0.8 and each truncation
     want = {(d, k, s) for d in ("lookup", "model", "hybrid", "auto") for k in (4, 16)

@@ -35,6 +35,7 @@ import numpy as np
 from ..config import DRAFT_WINDOW
 from ..core.costs import CostCurve
 from ..core.lookup import common_prefix
+from ..core import rowpass
 from ..core.policy import CostEstimate, Policy
 from ..core.sampling import SamplingParams, make_rng, top_window
 from ..core.stats import Stats
@@ -317,8 +318,8 @@ def format_table(results: Sequence[OverheadResult], n_vocab: int,
     if device_window:
         window += " from the device"
     rows = f"rows recorded in {recorded}" if recorded is not None else "generated rows"
-    lines = [f"host work per token, vocabulary {n_vocab:,}, {window}, {rows} "
-             "(synthetic model: no model time)",
+    lines = [f"host work per token, vocabulary {n_vocab:,}, {window}, {rows}, "
+             f"{rowpass.describe()} (synthetic model: no model time)",
              f"{'drafter':8} {'k':>3} {'sampling':16} {'µs/token':>9} {'µs/round':>9} "
              f"{'tok/round':>9}"]
     for r in results:

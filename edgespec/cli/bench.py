@@ -461,6 +461,7 @@ def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_win
     import json
 
     from ..bench.overhead import DEFAULT_VOCAB, format_table, run_overhead
+    from ..core import rowpass
 
     n_vocab = pools[0].shape[1] if pools is not None else vocab or DEFAULT_VOCAB
     if json_path is not None:
@@ -479,6 +480,7 @@ def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_win
     if json_path is not None:
         doc = {"overhead": [r.to_dict() for r in results], "vocab": n_vocab,
                "draft_window": draft_window, "device_window": device_window,
-               "rows": str(recorded) if recorded is not None else "generated"}
+               "rows": str(recorded) if recorded is not None else "generated",
+               "row_passes": "compiled" if rowpass.rows() is not None else "numpy"}
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
         click.echo(f"wrote {json_path}", err=True)
