@@ -15,7 +15,11 @@ PYTHON=${PYTHON:-python3}
 LLAMA_VERSION=0.3.36
 CMAKE_FLAGS="-DGGML_LLAMAFILE=OFF -DGGML_RPC=ON ${EDGESPEC_CMAKE_ARGS:-}"
 CACHE=${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}
-TAG=$(printf '%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)
+# llama.cpp builds for the CPU it is built on (GGML_NATIVE): a wheel built where AVX-512 is
+# would die of an illegal instruction on a CPU without it (a cache or home directory shared
+# between machines, a VM moved to another host), so the CPU's vector extensions are in the key.
+CPU_SIMD=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | grep -E '^(avx|fma|f16c|amx|sse|ssse|bmi|asimd|sve|i8mm|dotprod)' | sort | tr '\n' ' ' || true)
+TAG=$(printf '%s|%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" "$CPU_SIMD" | sha256sum | cut -c1-12)
 WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$TAG"
 
 if [ ! -x .venv/bin/python ]; then
