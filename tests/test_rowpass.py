@@ -129,3 +129,17 @@ def test_the_row_passes_can_be_switched_off():
                          cwd=root)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["True", "NumPy", "row", "passes"]
+
+
+def test_info_says_which_row_passes_the_sampler_runs(monkeypatch):
+    from click.testing import CliRunner
+
+    from edgespec.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["info"])
+    assert res.exit_code == 0, res.output
+    assert "sampler:          compiled row passes" in res.output
+    monkeypatch.setattr(rowpass, "_module", None)  # as where they were not built
+    monkeypatch.delenv(rowpass.NO_ROWS, raising=False)
+    res = CliRunner().invoke(cli, ["info"])
+    assert "NumPy row passes (not compiled: install a C compiler, then `make setup`)" in res.output

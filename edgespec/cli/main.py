@@ -4,6 +4,7 @@ registers every other subcommand (each in its own module beside this one)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -130,6 +131,17 @@ def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_
             click.echo(f"[{chunk.finish_reason}] {chunk.stats.summary()}{note}", err=True)
 
 
+def _sampler_passes() -> str:
+    """Which whole-row passes the sampler runs, and how to get the compiled ones."""
+    from ..core import rowpass
+
+    if rowpass.rows() is not None:
+        return "compiled row passes (edgespec/core/_rows.c)"
+    if os.environ.get(rowpass.NO_ROWS, "").strip():
+        return f"NumPy row passes ({rowpass.NO_ROWS} is set)"
+    return "NumPy row passes (not compiled: install a C compiler, then `make setup`)"
+
+
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--rpc", metavar="HOST:PORT[,...]", default=None,
               help="Also list the devices these `edgespec worker` processes serve.")
@@ -153,6 +165,7 @@ def info(rpc: str | None) -> None:
                   f"(--fixed-width {config.EXACT_FIXED_WIDTH}) or --fixed-width W"
                   if gpu_offload_supported() else "--fixed-width W exact on any device"))
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
+    click.echo("sampler:          " + _sampler_passes())
     has_rpc = rpc_backend.available()
     click.echo("RPC:              " + ("yes (`edgespec worker`, --rpc)" if has_rpc
                                        else "no: rebuild with `make setup` (-DGGML_RPC=ON)"))

@@ -37,20 +37,23 @@ typedef int32_t vi __attribute__((vector_size(W * 4)));
 #else
 #define CLONES
 #endif
+/* Always inlined, so no vector crosses a call between code built for different ISA levels,
+ * where its ABI differs (GCC's -Wpsabi note is moot: the build passes -Wno-psabi). */
+#define INLINE static inline __attribute__((always_inline))
 
-static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf splat(float a) { return (vf){0} + a; }
-static inline vf select_(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+INLINE vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+INLINE void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+INLINE vf splat(float a) { return (vf){0} + a; }
+INLINE vf select_(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 
-static inline float hsum(vf v) {
+INLINE float hsum(vf v) {
     float s = 0.0f;
     for (int i = 0; i < W; i++) s += v[i];
     return s;
 }
 
 /* exp of each lane (inputs <= 88; NaN is never passed: the sampler sends such rows elsewhere) */
-static inline vf vexp(vf x) {
+INLINE vf vexp(vf x) {
     x = select_(x < splat(-110.0f), splat(-110.0f), x); /* -inf and the far tail: 0 below */
     vf fx = x * splat(1.44269504088896341f);
     const vf magic = splat(12582912.0f); /* 1.5 * 2^23: adds round to the nearest integer */
@@ -72,7 +75,7 @@ static inline vf vexp(vf x) {
     return (y * sa) * sb;
 }
 
-static inline vf arg(vf v, vf top, vf inv_t, int scale) {
+INLINE vf arg(vf v, vf top, vf inv_t, int scale) {
     v = v - top;
     return scale ? v * inv_t : v;
 }
@@ -148,6 +151,7 @@ static int floats(PyObject *obj, Py_buffer *b, int writable, const char *name) {
 }
 
 static PyObject *scaled_exp(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *xo, *outo, *blockso = Py_None;
     float top, inv_t;
     if (!PyArg_ParseTuple(args, "OOff|O", &xo, &outo, &top, &inv_t, &blockso)) return NULL;
@@ -186,6 +190,7 @@ static PyObject *scaled_exp(PyObject *self, PyObject *args) {
 }
 
 static PyObject *mass_before(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *xo, *wo;
     Py_ssize_t y;
     if (!PyArg_ParseTuple(args, "OOn", &xo, &wo, &y)) return NULL;
@@ -223,7 +228,12 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows",
-                                    "Fused passes over a row of float32 logits.", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_rows",
+    .m_doc = "Fused passes over a row of float32 logits.",
+    .m_size = -1,
+    .m_methods = methods,
+};
 
 PyMODINIT_FUNC PyInit__rows(void) { return PyModule_Create(&module); }
