@@ -51,6 +51,11 @@ SELF=0; [ -f "$D" ] || { D=$T; SELF=1; echo "draft missing: self-draft ($T)"; }
 export T D
 nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv,noheader
 python3 -c "import sys, numpy; print(sys.version.split()[0], 'numpy', numpy.__version__)"
+# the sampler's compiled row passes (pip builds them at install; here the source tree is run
+# as it is): a few seconds; without Python's headers the sampler uses NumPy's and says so
+eval "$(python3 -c "import sysconfig as s; print('PYINC=%s EXT=%s' % (s.get_paths()['include'], s.get_config_var('EXT_SUFFIX')))")"
+cc -O3 -Wno-psabi -shared -fPIC -I"$PYINC" edgespec/core/_rows.c -o "edgespec/core/_rows$EXT" 2>&1 | tail -3
+python3 -c "from edgespec.core import rowpass; print('sampler:', rowpass.describe())"
 ES="python3 -m edgespec"
 ANCH=""; [ -x "$B/llama-bench" ] && ANCH="--llama-cpp-bin $B"
 GPU="--target $T --draft $D --ngl -1 --draft-ngl -1"
