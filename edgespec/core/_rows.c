@@ -3,9 +3,10 @@
  * A 151,936-wide row and its weights (2 x 600 KB) overflow a 512 KiB L2, so each NumPy pass
  * over them (a temporary written, then read back) is a trip to L3; these functions do in one
  * read what NumPy does in three to five. Pure functions of their buffers, no state. Written
- * with GCC/Clang vector extensions (no intrinsics: they compile to AVX-512, AVX2, SSE2 or
- * NEON), and on x86-64 Linux cloned per ISA level and picked when loaded, so one build runs
- * on any x86-64 CPU at the width it has.
+ * with GCC/Clang vector extensions (no intrinsics: they compile to AVX2, SSE2 or NEON), and
+ * with GCC on x86-64 Linux cloned for AVX2 + FMA and for the baseline, the clone picked when
+ * the module loads: one build runs on any x86-64 CPU (an AVX-512 one takes the AVX2 clone;
+ * 16-wide vectors were slower on AVX2, and no AVX-512 CPU was at hand to try them there).
  *
  * - scaled_exp(x, out, top, inv_t, blocks) -> float:
  *     out[i] = exp((x[i] - top) * inv_t), the argument in float32 exactly as NumPy computes
