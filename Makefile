@@ -23,4 +23,4 @@ test-fast: setup
 	.venv/bin/python -m pytest -m "not real"
 
 clean:
-	rm -rf .venv .pytest_cache build *.egg-info
+	rm -rf .venv .pytest_cache build *.egg-info edgespec/core/_rows.*.so
