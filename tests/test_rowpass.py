@@ -48,9 +48,10 @@ def test_exp_is_within_2e_7_of_float64_everywhere():
 
 
 @needs_rows
+@pytest.mark.parametrize("precise", [False, True])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("t", [1.0, 0.8, 0.3])
-def test_scaled_exp_takes_numpys_argument_and_gives_block_sums(size, t):
+def test_scaled_exp_takes_numpys_argument_and_gives_block_sums(size, t, precise):
     rng = np.random.default_rng(size)
     x = rng.normal(0, 4, size).astype(np.float32)
     x[1::5] = -np.inf
@@ -61,14 +62,27 @@ def test_scaled_exp_takes_numpys_argument_and_gives_block_sums(size, t):
         arg *= np.float32(inv)  # NumPy's two roundings, which the pass repeats
     padded = np.zeros(-(-size // BLOCK) * BLOCK, np.float32)
     blocks = np.full(padded.size // BLOCK, np.nan)
-    total = ROWS.scaled_exp(x, padded, top, inv, blocks)
+    total = ROWS.scaled_exp(x, padded, top, inv, blocks, precise)
     want = np.exp(arg.astype(np.float64))
     np.testing.assert_allclose(padded[:size], want, rtol=2e-7, atol=1e-44)
     assert not padded[size:].any()  # (past the row: untouched)
     assert total == pytest.approx(want.sum(), rel=1e-6)
-    # float32 partials per block, as block_sums has them (another order: ~1e-7 of a block)
-    np.testing.assert_allclose(blocks, block_sums(padded), rtol=1e-6, atol=0)
+    wide = padded.astype(np.float64)
+    per_block = wide.reshape(-1, BLOCK).sum(axis=1)
+    if precise:
+        # float64 sums of the float32 weights (each added as a double: a top-p cut is placed
+        # against the total); only the order of additions differs: 8 lanes of n/8 in turn,
+        # at most n/8 * 2**-53 = 2e-12 of the total for the default vocabulary (a block's
+        # sum: 32 additions a lane, 4e-15)
+        assert total == pytest.approx(wide.sum(), rel=1e-11)
+        np.testing.assert_allclose(blocks, per_block, rtol=1e-13, atol=0)
+    else:
+        # float32 lanes within a block: 32 roundings a lane, then 8 lanes, each at most
+        # 2**-24 of what it has summed: under 40 * 6e-8 = 2.4e-6 of a block's sum
+        np.testing.assert_allclose(blocks, per_block, rtol=2.4e-6, atol=0)
+        assert total == pytest.approx(wide.sum(), rel=2.4e-6)
     assert blocks.sum() == pytest.approx(total, rel=1e-12)
+    np.testing.assert_allclose(blocks, block_sums(padded), rtol=1e-5, atol=0)  # (float32's)
     same = x.copy()
     ROWS.scaled_exp(same, same, top, inv)  # in place
     np.testing.assert_array_equal(same, padded[:size])
@@ -96,9 +110,9 @@ def test_mass_before_is_the_mass_ahead_in_descending_order(size):
         got = ROWS.mass_before(x, w, y)
         ahead = (x > x[y]) | ((x == x[y]) & (np.arange(size) < y))
         want = w[ahead].sum(dtype=np.float64)
-        # float32 sums within blocks of 256 (then float64): each block's sum is off by at
-        # most 256 float32 roundings of its mass, 256 * 2**-24 = 1.5e-5 of it
-        assert abs(got - want) <= 1.6e-5 * w.sum(dtype=np.float64), (y, got, want)
+        # float64 sums of the float32 weights: only the order of additions differs (at most
+        # n/8 * 2**-53 of the mass, as for scaled_exp's total)
+        assert abs(got - want) <= 1e-11 * w.sum(dtype=np.float64), (y, got, want)
 
 
 @needs_rows

@@ -6,15 +6,17 @@ weights ``exp((x - top) / T)`` take three (a subtraction, a product, the ``exp``
 their block sums, and the weight before a token in a flat top-p nucleus takes four. The
 compiled module does each in one pass:
 
-- ``scaled_exp(x, out, top, inv_t, blocks=None) -> float``: ``out = exp((x - top) * inv_t)``
-  (the argument rounded in float32 exactly as NumPy's two operations round it; no product when
-  ``inv_t`` is 1), their float64 sum, and each block of 256's sum into ``blocks``;
-- ``mass_before(x, w, y) -> float``: the sum of ``w`` over the tokens before ``y`` in
+- ``scaled_exp(x, out, top, inv_t, blocks=None, precise=False) -> float``:
+  ``out = exp((x - top) * inv_t)`` (the argument rounded in float32 exactly as NumPy's two
+  operations round it; no product when ``inv_t`` is 1), their sum, and each block of 256's
+  sum into ``blocks``; ``precise``: every weight summed as a float64 (for a total a top-p cut
+  is placed against), else float32 lanes within a block;
+- ``mass_before(x, w, y) -> float``: the float64 sum of ``w`` over the tokens before ``y`` in
   descending order of ``x``, ties to the lowest id.
 
 Measured on the 2-core development VM (AMD EPYC, AVX2, 151,936 float32 values): the weights
-and their sum 105-110 µs against 133-183 µs for NumPy's passes with ggml's ``exp``, and the
-weight before a token 21-25 µs against 80-110 µs.
+and their sum 105-110 µs (155 µs precise) against 133-183 µs for NumPy's passes with ggml's
+``exp``, and the weight before a token 44 µs against 80-110 µs.
 
 It is built when edgespec is installed (``pip install -e .``; optional: without a C compiler
 the install goes on without it). :func:`rows` gives it, or ``None`` where it was not built or
