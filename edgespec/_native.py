@@ -49,6 +49,12 @@ def library_path() -> Path | None:
     return None
 
 
+def switched_on(name: str) -> bool:
+    """Whether the environment variable ``name`` is set to 1, true or yes (edgespec's
+    switches that turn a native path off)."""
+    return os.environ.get(name, "").strip() in {"1", "true", "yes"}
+
+
 def preload() -> str:
     """Make ``libstdc++.so.6`` global, then load libllama; return how (for diagnostics):
     ``off``, ``absent``, ``loaded``, ``loaded-no-libstdc++`` (no such library here: nothing to
@@ -57,7 +63,7 @@ def preload() -> str:
     global _handle
     if _handle is not None:
         return "already"
-    if os.environ.get("EDGESPEC_NO_PRELOAD", "").strip() in {"1", "true", "yes"}:
+    if switched_on("EDGESPEC_NO_PRELOAD"):
         return "off"
     if not sys.platform.startswith("linux") or "llama_cpp" in sys.modules:
         return "absent" if "llama_cpp" not in sys.modules else "already"
@@ -105,7 +111,7 @@ def exp_kernel() -> Callable[[int, int, int, float], float] | None:
     if _exp_looked_up:
         return _exp
     _exp_looked_up = True
-    if os.environ.get(NO_NATIVE_EXP, "").strip() in {"1", "true", "yes"}:
+    if switched_on(NO_NATIVE_EXP):
         return None
     path = library_path()
     if not sys.platform.startswith("linux") or path is None:

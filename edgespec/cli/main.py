@@ -4,7 +4,6 @@ registers every other subcommand (each in its own module beside this one)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from dataclasses import dataclass
@@ -137,7 +136,7 @@ def _sampler_passes() -> str:
 
     if rowpass.rows() is not None:
         return "compiled row passes (edgespec/core/_rows.c)"
-    if os.environ.get(rowpass.NO_ROWS, "").strip():
+    if rowpass.switched_off():
         return f"NumPy row passes ({rowpass.NO_ROWS} is set)"
     return "NumPy row passes (not compiled: install a C compiler, then `make setup`)"
 

@@ -26,8 +26,9 @@ tests check both paths against the dense reference).
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
+
+from .._native import switched_on
 
 #: set to 1 to leave the compiled passes unused (NumPy's, as before they existed)
 NO_ROWS = "EDGESPEC_NUMPY_ROWS"
@@ -36,13 +37,18 @@ _module: ModuleType | None = None
 _looked_up = False
 
 
+def switched_off() -> bool:
+    """Whether ``EDGESPEC_NUMPY_ROWS`` asks for NumPy's passes."""
+    return switched_on(NO_ROWS)
+
+
 def rows() -> ModuleType | None:
     """The compiled module (``edgespec.core._rows``), or ``None`` (not built, or switched
     off). Looked up once."""
     global _module, _looked_up
     if not _looked_up:
         _looked_up = True
-        if os.environ.get(NO_ROWS, "").strip() not in {"1", "true", "yes"}:
+        if not switched_off():
             try:
                 from . import _rows
             except ImportError:
