@@ -755,7 +755,7 @@ def test_the_native_exp_kernel_is_found_here():
 @pytest.mark.parametrize("path", ["compiled", "ggml"])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 255, 4099, 151_936])
 @pytest.mark.parametrize("shift", [0.0, 3.5, -2.0])
-def test_exp_shifted_matches_float64(size, shift, path, monkeypatch):
+def test_a_whole_rows_exp_matches_float64(size, shift, path, monkeypatch):
     if path == "ggml":
         monkeypatch.setattr(sampling, "_ROWS", None)
     rng = np.random.default_rng(size)
@@ -763,7 +763,7 @@ def test_exp_shifted_matches_float64(size, shift, path, monkeypatch):
     x[:: 5] = -np.inf
     x[1:: 11] = -120.0  # underflows to 0 (or a subnormal) after the shift
     out = np.empty_like(x)
-    total = sampling.exp_shifted(x, shift, out)
+    total = sampling._dense_into(x, shift, 1.0, out)  # (at T 1: exp_shifted, or the compiled pass)
     # the shift is subtracted in float32 (as NumPy's fall-back does): exp's own error is
     # what is checked
     want = np.exp((x - np.float32(shift)).astype(np.float64))
@@ -780,7 +780,6 @@ def test_exp_shifted_in_place_and_the_numpy_fall_back(monkeypatch):
     x = np.linspace(-30, 5, 1001).astype(np.float32)
     fast = x.copy()
     sampling.exp_shifted(fast, 5.0, fast)  # in place
-    monkeypatch.setattr(sampling, "_ROWS", None)
     monkeypatch.setattr(sampling, "exp_kernel", lambda: None)
     slow = np.empty_like(x)
     assert sampling.exp_shifted(x, 5.0, slow) is None  # NumPy gives no total
@@ -791,30 +790,20 @@ def test_exp_shifted_in_place_and_the_numpy_fall_back(monkeypatch):
     assert sampling.exp_shifted(x[::2], 0.0, out) is None
 
 
+@pytest.mark.parametrize("path", ["ggml", "numpy"])
 @settings(max_examples=150, deadline=None)
-@given(rows, params_st)
-def test_distribution_with_numpy_exp_equals_the_dense_reference(row, params):
-    """The fall-back path (no ggml kernel) keeps the same distribution."""
+@given(row=rows, params=params_st)
+def test_distribution_without_the_compiled_passes_equals_the_dense_reference(path, row, params):
+    """The fall-back paths keep the same distribution: NumPy's passes with ggml's exp, and
+    NumPy alone (no ggml kernel either)."""
     if np.all(row == -np.inf):
         return
     truncated = (0 < params.top_k < row.size or params.top_p < 1 or params.min_p > 0
                  or params.greedy)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampling, "_ROWS", None)
-        mp.setattr(sampling, "exp_kernel", lambda: None)
-        assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
-
-
-@settings(max_examples=150, deadline=None)
-@given(rows, params_st)
-def test_distribution_with_ggml_exp_equals_the_dense_reference(row, params):
-    """Without the compiled row passes (ggml's exp, NumPy's passes), the same distribution."""
-    if np.all(row == -np.inf):
-        return
-    truncated = (0 < params.top_k < row.size or params.top_p < 1 or params.min_p > 0
-                 or params.greedy)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sampling, "_ROWS", None)
+        if path == "numpy":
+            mp.setattr(sampling, "exp_kernel", lambda: None)
         assert_same(row, params, rtol=1e-9 if truncated else 1e-5)
 
 
@@ -868,7 +857,7 @@ def test_tied_logits_get_equal_weights_wherever_they_sit(size, path, monkeypatch
     x = np.zeros(size, np.float32)
     x[::3] = -1.7
     out = np.empty_like(x)
-    sampling.exp_shifted(x * np.float32(4.0), 4.0, out)
+    sampling._dense_into(x * np.float32(4.0), 4.0, 1.0, out)  # (exp_shifted, or the compiled pass)
     assert np.unique(out[x == 0]).size == 1 and np.unique(out[x != 0]).size == 1
 
 

@@ -900,12 +900,10 @@ def exp_shifted(x: np.ndarray, shift: float, out: np.ndarray) -> float | None:
     """``out = exp(x - shift)`` for float32 arrays; returns the sum of ``out`` where the fast
     kernel gives it for free (``None`` otherwise).
 
-    The compiled row pass where it was built (:mod:`edgespec.core.rowpass`), else ggml's
-    vectorised kernel where llama.cpp's library has it (2-4x NumPy's on x86, same accuracy:
-    see :func:`edgespec._native.exp_kernel`), else NumPy.
+    ggml's vectorised kernel where llama.cpp's library has it (2-4x NumPy's on x86, same
+    accuracy: see :func:`edgespec._native.exp_kernel`), else NumPy. (Where the row passes are
+    compiled, :func:`_dense_into` takes them and never gets here.)
     """
-    if (_ROWS is not None and x.size == out.size and _floats(x) and _floats(out)):
-        return _ROWS.scaled_exp(x, out, shift, 1.0)
     kernel = exp_kernel()
     if (kernel is not None and x.dtype == out.dtype == np.float32 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):
