@@ -207,3 +207,33 @@ def test_greedy_verdict_from_picks_equals_the_full_test():
 def test_greedy_verdict_needs_k_plus_one_picks():
     with pytest.raises(ValueError, match="k\\+1"):
         rejection.verify_greedy([1, 2], [1, 2])
+
+
+def test_the_residuals_draws_are_kept_from_bounds_as_from_values():
+    # A flat top-p row (an unlisted nucleus, bounds on each p(y)) against draft
+    # probabilities below, near and above p(y): every keep-or-not is the exact form's
+    # (1 - q/p > 0, then one uniform below it), with the same uniforms drawn, and the
+    # nucleus is listed only where the bounds cannot decide.
+    from edgespec.core.dist import Truncated
+    from edgespec.core.sampling import distribution
+
+    from .test_distribution import vocab_row
+
+    row = vocab_row(top=9.0)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    listed = distribution(row, params).listed()
+    ys = np.random.default_rng(1).choice(np.flatnonzero(listed.w[: row.size]), 20, replace=False)
+    for y in map(int, ys):
+        p = listed.prob(y)
+        for ratio in (0.0, 0.3, 0.9, 0.999, 1.0, 1.001, 1.2, 3.0):
+            for seed in range(6):
+                lazy = distribution(row, params)
+                assert isinstance(lazy, Truncated)
+                got_rng, want_rng = make_rng(seed), make_rng(seed)
+                got = rejection._keeps(lazy, ratio * p, y, got_rng)
+                keep = 1.0 - ratio * p / p
+                want = keep > 0.0 and want_rng.random() < keep
+                assert got == want, (y, ratio, seed)
+                assert got_rng.random() == want_rng.random()  # as many uniforms drawn
+                if ratio in (0.0, 3.0):
+                    assert lazy._listed is None  # decided without listing the nucleus

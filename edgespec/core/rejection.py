@@ -148,10 +148,32 @@ def sample_residual(p: Dist, q: Dist | None, x: int, rng: np.random.Generator) -
             if y != x:
                 return y
             continue
-        keep = 1.0 - q.prob(y) / p.prob(y)
-        if keep > 0.0 and rng.random() < keep:
+        if _keeps(p, q.prob(y), y, rng):
             return y
     return sample(residual(p.dense(), None if q is None else q.dense(), x), rng)
+
+
+def _keeps(p: Dist, qy: float, y: int, rng: np.random.Generator) -> bool:
+    """Whether the residual's rejection sampler keeps its draw ``y ~ p``: with probability
+    ``1 - q(y) / p(y)`` where that is positive (one uniform drawn then), from bounds on
+    ``p(y)`` where they decide it: a flat top-p row is then never listed for its ``p(y)``,
+    which a draw outside the draft's few tokens (``q(y) = 0``: kept) does not even bound.
+    The same uniforms and the same answers as with ``p(y)`` itself (rounded division and
+    subtraction are monotone, so the bounds' keep probabilities enclose the value's)."""
+    if qy == 0.0:
+        return rng.random() < 1.0  # (always: drawn all the same, as the exact form draws it)
+    lo, hi = _prob_bounds(p, y)
+    if qy >= hi:  # (hi >= p(y) > 0: nothing to keep, and no uniform drawn)
+        return False
+    if qy < lo:  # something to keep
+        u = rng.random()
+        if u < 1.0 - qy / lo:
+            return True
+        if u >= 1.0 - qy / hi:
+            return False
+        return u < 1.0 - qy / p.prob(y)
+    keep = 1.0 - qy / p.prob(y)
+    return keep > 0.0 and rng.random() < keep
 
 
 def _on(ids: np.ndarray, sup: np.ndarray, probs: np.ndarray) -> np.ndarray:
