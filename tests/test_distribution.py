@@ -871,3 +871,23 @@ def test_a_tie_at_the_top_p_cut_goes_to_the_lowest_ids_on_the_dense_path():
         mp.setattr(sampling, "_BRACKET", 1)
         got = distribution(row, params).dense()
     assert np.flatnonzero(got).tolist() == [0, 1, 2, 9]
+
+
+def test_a_row_whose_bulk_moves_the_cut_takes_its_nucleus_from_its_head(monkeypatch):
+    # top 15: the nucleus is a few of the planted tokens, but the bulk's weight (~2% of the
+    # row's) decides which: one exact total (a pass over the row) places the cut among the
+    # head's tokens, with no candidates sought and nothing sorted beyond the head
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    row = vocab_row(top=15.0)
+    calls = []
+    dense = sampling._dense
+    monkeypatch.setattr(sampling, "_dense", lambda *a, **k: calls.append(1) or dense(*a, **k))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("candidates sought past the head")
+
+    monkeypatch.setattr(sampling, "_top_candidates", refuse)
+    got = distribution(row, params)
+    assert isinstance(got, Sparse) and calls == [1]
+    monkeypatch.undo()
+    assert_same(row, params)

@@ -157,3 +157,145 @@ def test_info_says_which_row_passes_the_sampler_runs(monkeypatch):
     monkeypatch.delenv(rowpass.NO_ROWS, raising=False)
     res = CliRunner().invoke(cli, ["info"])
     assert "NumPy row passes (not compiled: install a C compiler, then `make setup`)" in res.output
+
+
+# ---- a draft's window (`window`) and the ids at a floor (`at_least`) --------------------------
+
+
+def _window_rows(size: int) -> dict[str, np.ndarray]:
+    """Rows whose largest values sit early, late, in a ramp (each step a new max: the list
+    fills and is cut again and again), among ties, and next to -inf."""
+    rng = np.random.default_rng(size)
+    bulk = rng.normal(0.0, 2.0, size).astype(np.float32)
+    late = bulk.copy()
+    late[-min(6, size):] += 12.0
+    ramp = np.linspace(-5.0, 5.0, size).astype(np.float32)
+    ties = rng.integers(0, 3, size).astype(np.float32)
+    holes = bulk.copy()
+    holes[::3] = -np.inf
+    return {"bulk": bulk, "late": late, "ramp": ramp, "ties": ties, "holes": holes}
+
+
+@needs_rows
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("keep", [1, 5, 64])
+@pytest.mark.parametrize("offset", [-0.5, -7.4, -1e4])
+def test_window_lists_every_large_value_at_the_floor(size, keep, offset):
+    for name, x in _window_rows(size).items():
+        ids = np.full(keep + 192, -1, np.int64)
+        top, count = ROWS.window(x, offset, keep, ids)
+        if count < 0:  # ties at the keep-th largest value would fill half the list (the
+            # pass stops there: the caller finds the window another way)
+            kth = np.sort(x)[-keep]
+            assert np.count_nonzero(x >= kth) > (keep + 192) // 2, name
+            continue
+        assert top == float(x.max()), name
+        assert count <= keep + 192
+        got = ids[:count]
+        assert np.all(np.diff(got) > 0), name  # ascending, each id once
+        # the window's floor and its keep-th largest value: every value reaching both is
+        # listed (the caller cuts the list to exactly those)
+        kth = np.sort(x)[max(size - keep, 0)]
+        need = np.flatnonzero((x >= np.float32(top + offset)) & (x >= kth))
+        assert np.isin(need, got).all(), name
+
+
+@needs_rows
+def test_window_says_nan_and_needs_room():
+    x = np.random.default_rng(0).normal(size=4096).astype(np.float32)
+    x[3000] = np.nan
+    assert np.isnan(ROWS.window(x, -7.0, 64, np.empty(256, np.int64))[0])
+    with pytest.raises(ValueError, match="room"):
+        ROWS.window(x, -7.0, 64, np.empty(100, np.int64))
+    with pytest.raises(ValueError):
+        ROWS.window(x, 1.0, 64, np.empty(256, np.int64))  # a floor above the max
+    with pytest.raises(TypeError, match="int64"):
+        ROWS.window(x, -7.0, 64, np.empty(256, np.int32))
+
+
+@needs_rows
+@pytest.mark.parametrize("size", SIZES)
+def test_at_least_lists_the_ids_at_the_floor(size):
+    for name, x in _window_rows(size).items():
+        for floor in (-np.inf, -1.0, 0.0, 1.0, 4.0, 20.0):
+            want = np.flatnonzero(x >= np.float32(floor))
+            ids = np.empty(size + 1, np.int64)
+            count = ROWS.at_least(x, floor, ids)
+            np.testing.assert_array_equal(ids[:count], want, err_msg=name)
+            # a list too short: it says so (the scan stops there)
+            if want.size > 3:
+                short = np.empty(3, np.int64)
+                assert ROWS.at_least(x, floor, short) == 4
+                np.testing.assert_array_equal(short, want[:3])
+    with pytest.raises(TypeError, match="int64"):
+        ROWS.at_least(np.zeros(9, np.float32), 0.0, np.empty(9))
+
+
+# ---- a candidate set's filters in one call (`filtered`) ---------------------------------------
+
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from edgespec.core import sampling  # noqa: E402
+from edgespec.core.dist import Dense  # noqa: E402
+from edgespec.core.sampling import SamplingParams  # noqa: E402
+
+_values = st.one_of(st.floats(-30, 30, width=32), st.sampled_from([0.0, 1.0, 2.5, -np.inf]),
+                    st.floats(-0.0009765625, 0.0009765625, width=32))  # (2**-10: near-ties)
+_params = st.builds(SamplingParams, temperature=st.sampled_from([0.25, 0.8, 1.0, 3.0]),
+                    top_k=st.sampled_from([0, 1, 2, 5, 40]),
+                    top_p=st.sampled_from([1.0, 0.99, 0.9, 0.5, 0.1]),
+                    min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]))
+
+
+@needs_rows
+@settings(max_examples=800, deadline=None)
+@given(st.lists(_values, min_size=1, max_size=300).map(lambda v: np.array(v, np.float32)),
+       _params, st.integers(0, 2**32 - 1), st.booleans(), st.booleans())
+@example(np.array([1, 1, 0, 0], np.float32), SamplingParams(temperature=1.0, top_p=0.5), 0,
+         False, False)  # a cut exactly at a tie: before == top_p * mass
+@example(np.zeros(300, np.float32), SamplingParams(temperature=1.0, top_k=40), 0, False, False)
+def test_filtered_is_numpys_path_bit_for_bit(row, params, seed, subset, with_total):
+    # the compiled filters against _filtered's NumPy arithmetic on the same candidates: the same
+    # ids and the same probabilities, bit for bit (a total given with a cut within its margin:
+    # -1, NumPy's path decides)
+    if not np.any(row > -np.inf):
+        return
+    rng = np.random.default_rng(seed)
+    ids = np.arange(row.size)
+    if subset:  # any ascending subset holding the top logit
+        ids = np.union1d(rng.choice(row.size, max(1, row.size // 2), replace=False),
+                         [int(np.argmax(row))]).astype(np.int64)
+    top = float(row[ids].max())
+    dense = None
+    if with_total:
+        dense = sampling._dense(row, top, params.temperature, row.size, precise=True)
+    out_ids, out_p = np.empty(ids.size, np.int64), np.empty(ids.size)
+    count = ROWS.filtered(row, ids, top, params.temperature, params.top_k, params.top_p,
+                          params.min_p, -1.0 if dense is None else dense.total,
+                          sampling._TOTAL_ERR, False, out_ids, out_p)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampling, "_ROWS", None)
+        want = sampling._filtered(row, top, ids, params, dense, row.size)
+    if count < 0:
+        assert dense is not None and params.top_p < 1.0 and not (
+            params.top_k and params.top_k < ids.size)
+        return
+    np.testing.assert_array_equal(out_ids[:count], want.ids)
+    np.testing.assert_array_equal(out_p[:count], want.probs)
+
+
+@needs_rows
+def test_filtered_refuses_what_it_cannot_take():
+    x, ids = np.zeros(8, np.float32), np.arange(8)
+    out_ids, out_p = np.empty(8, np.int64), np.empty(8)
+    args = (0.0, 1.0, 0, 1.0, 0.0, -1.0, 4e-6, False)
+    assert ROWS.filtered(x, ids, *args, out_ids, out_p) == 8
+    with pytest.raises(ValueError, match="inside x"):
+        ROWS.filtered(x, np.arange(1, 10), *args, np.empty(9, np.int64), np.empty(9))
+    with pytest.raises(ValueError):
+        ROWS.filtered(x, ids, *args, out_ids[:4], out_p)
+    with pytest.raises(TypeError, match="int64"):
+        ROWS.filtered(x, ids.astype(np.int32), *args, out_ids, out_p)
+    with pytest.raises(TypeError, match="float64"):
+        ROWS.filtered(x, ids, *args, out_ids, out_p.astype(np.float32))

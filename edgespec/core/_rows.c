@@ -20,6 +20,22 @@
  *     the weight before token y in descending order, ties to the lowest id: the sum of w[i]
  *     over x[i] > x[y], and over x[i] == x[y] for i < y (in float64).
  *
+ * - window(x, offset, keep, ids) -> (top, count):
+ *     a draft's window in one read: the row's max (NaN if it holds one), and the ids,
+ *     ascending, of a superset of its `keep` largest values that are at least max + offset
+ *     (the caller applies its exact floor and cut to these few).
+ * - at_least(x, floor, ids) -> int:
+ *     the ids of the values >= floor (a float32), ascending, written into the int64 buffer
+ *     `ids`, and their count; len(ids) + 1 if more reach it (the scan then stops there):
+ *     NumPy's compare and nonzero in one read, with no row-sized mask (a draft's window,
+ *     top-p's candidates).
+ *
+ * - filtered(x, ids, top, t, top_k, top_p, min_p, mass, margin, floored, out_ids,
+ *            out_probs) -> int:
+ *     sampling._filtered for a few candidates (a draft's window, a row's head) in one call
+ *     instead of some twenty NumPy calls, each of which costs 5-15 µs right after a decode
+ *     has streamed the caches out.
+ *
  * Every value goes through the same vector code, the row's tail included (padded), so tied
  * logits get the same weight wherever they sit. exp: Cephes' expf (range reduction by
  * ln 2 in two parts, a degree-5 polynomial; within 2e-7 relative of float64), 0 for -inf and
@@ -29,6 +45,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define W 8 /* floats per vector: one AVX2 register, two SSE2 or NEON (wider spills: measured slower) */
@@ -174,6 +191,313 @@ CLONES static double mass_impl(const float *x, const float *w, Py_ssize_t n, flo
     return total;
 }
 
+/* Whether any lane of a mask is set: shuffles and ors (a loop over the lanes is scalar) */
+INLINE int any_lane(vi m) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+    m |= __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3);
+    m |= __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5);
+    m |= __builtin_shufflevector(m, m, 1, 0, 3, 2, 5, 4, 7, 6);
+    return m[0] != 0;
+#else
+    int any = 0;
+    for (int j = 0; j < W; j++) any |= m[j] != 0;
+    return any;
+#endif
+}
+
+/* The largest lane (no NaN) */
+INLINE float hmax(vf g) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+    vf h = __builtin_shufflevector(g, g, 4, 5, 6, 7, 0, 1, 2, 3);
+    g = select_(h > g, h, g);
+    h = __builtin_shufflevector(g, g, 2, 3, 0, 1, 6, 7, 4, 5);
+    g = select_(h > g, h, g);
+    h = __builtin_shufflevector(g, g, 1, 0, 3, 2, 5, 4, 7, 6);
+    g = select_(h > g, h, g);
+    return g[0];
+#else
+    float m = g[0];
+    for (int j = 1; j < W; j++)
+        if (g[j] > m) m = g[j];
+    return m;
+#endif
+}
+
+/* The k-th largest of v[0..m) (1 <= k <= m), v reordered: a quickselect, descending. */
+static float kth_largest(float *v, Py_ssize_t m, Py_ssize_t k) {
+    Py_ssize_t lo = 0, hi = m - 1, target = k - 1;
+    while (lo < hi) {
+        float a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi];
+        float pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (target <= j) hi = j;
+        else if (target >= i) lo = i;
+        else return v[target]; /* (between j and i: equal to the pivot) */
+    }
+    return v[target];
+}
+
+#define WINDOW_MAX 4096
+
+/* Keeps the listed ids whose value is at least the keep-th largest of theirs (ties in),
+ * in order; raises *floor to that value. Returns the new count. */
+static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
+                          float *floor) {
+    float vals[WINDOW_MAX];
+    for (Py_ssize_t j = 0; j < count; j++) vals[j] = x[ids[j]];
+    float kth = kth_largest(vals, count, keep);
+    if (kth > *floor) *floor = kth;
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < count; j++)
+        if (x[ids[j]] >= *floor) ids[kept++] = ids[j];
+    return kept;
+}
+
+/* m + offset, lowered by ~8 float32 steps of the larger: never above the caller's floor,
+ * however that rounds its own sum */
+INLINE float below(float m, float offset) {
+    return (m + offset) - (fabsf(m) + fabsf(offset)) * 0x1p-20f;
+}
+
+/* One pass: the row's max, and the ids (ascending) of a superset of its `keep` largest values
+ * that are at least max + offset (ties in). The floor rises with the running max, and when
+ * the list fills, to the keep-th largest value listed (the row's keep-th largest is at least
+ * that). *top gets the max, or NaN (and the count is moot) if the row holds one. Returns the
+ * count, or -1 if ties at that value fill half the list.
+ *
+ * A group of 64 values with none at or above the floor (nor NaN) costs a compare per value:
+ * it cannot hold a new max either (the floor is below the max). Only the others are read
+ * again, for their max and their ids. */
+#define GROUP 8
+CLONES static Py_ssize_t window_impl(const float *x, Py_ssize_t n, float offset,
+                                     Py_ssize_t keep, int64_t *ids, Py_ssize_t cap,
+                                     float *top) {
+    float m = -INFINITY, floor = -INFINITY;
+    Py_ssize_t count = 0, i = 0;
+    *top = NAN;
+    for (; i + GROUP * W <= n; i += GROUP * W) {
+        vf v[GROUP];
+        const vf f = splat(floor);
+        vi hit = {0};
+        for (int a = 0; a < GROUP; a++) {
+            v[a] = load(x + i + a * W);
+            hit |= ~(v[a] < f); /* (NaN: a hit) */
+        }
+        if (!any_lane(hit)) continue;
+        vf g = v[0];
+        vi nan = v[0] != v[0];
+        for (int a = 1; a < GROUP; a++) {
+            g = select_(v[a] > g, v[a], g);
+            nan |= v[a] != v[a];
+        }
+        if (any_lane(nan)) return 0;
+        float gm = hmax(g);
+        if (gm > m) {
+            m = gm;
+            if (below(m, offset) > floor) floor = below(m, offset);
+        }
+        if (count + GROUP * W > cap) {
+            count = compact(x, ids, count, keep, &floor);
+            if (count + GROUP * W > cap) return -1;
+        }
+        const vf f2 = splat(floor);
+        for (int a = 0; a < GROUP; a++) {
+            vi h = v[a] >= f2;
+            if (!any_lane(h)) continue;
+            for (int j = 0; j < W; j++) {
+                ids[count] = i + a * W + j;
+                count -= h[j]; /* (a hit's lane is -1) */
+            }
+        }
+    }
+    for (Py_ssize_t j = i; j < n; j++) { /* the row's last values */
+        if (x[j] != x[j]) return 0;
+        if (x[j] > m) m = x[j];
+    }
+    if (below(m, offset) > floor) floor = below(m, offset);
+    if (count + GROUP * W > cap) {
+        count = compact(x, ids, count, keep, &floor);
+        if (count + GROUP * W > cap) return -1;
+    }
+    for (Py_ssize_t j = i; j < n; j++)
+        if (x[j] >= floor) ids[count++] = j;
+    *top = m;
+    return count;
+}
+
+/* Compares a group of 64 values (8 vectors, their masks or-ed) at a time, then lists the ids
+ * of each vector with a hit, without branches: a high floor costs one compare per value, and
+ * a low one one store per value of the vectors that hold hits. Stops once more than `cap`
+ * values reach the floor and returns cap + 1. */
+CLONES static Py_ssize_t at_least_impl(const float *x, Py_ssize_t n, float floor,
+                                       int64_t *ids, Py_ssize_t cap) {
+    const vf f = splat(floor);
+    Py_ssize_t count = 0, i = 0;
+    for (; i + GROUP * W <= n; i += GROUP * W) {
+        vi hits[GROUP], hit = {0};
+        for (int g = 0; g < GROUP; g++) hit |= hits[g] = load(x + i + g * W) >= f;
+        if (!any_lane(hit)) continue;
+        for (int g = 0; g < GROUP; g++) {
+            if (!any_lane(hits[g])) continue;
+            if (count + W > cap) { /* too near the end of ids for the unchecked stores */
+                for (int j = 0; j < W; j++)
+                    if (hits[g][j]) {
+                        if (count == cap) return cap + 1;
+                        ids[count++] = i + g * W + j;
+                    }
+                continue;
+            }
+            for (int j = 0; j < W; j++) {
+                ids[count] = i + g * W + j;
+                count -= hits[g][j]; /* (a hit's lane is -1) */
+            }
+        }
+    }
+    for (; i < n; i++)
+        if (x[i] >= floor) {
+            if (count == cap) return cap + 1;
+            ids[count++] = i;
+        }
+    return count;
+}
+
+/* NumPy's sum of float64 values (pairwise: eight running sums in blocks of up to 128), so
+ * that a normaliser here is bit for bit the one NumPy's path divides by */
+static double numpy_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double r = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) r += a[i];
+        return r;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        Py_ssize_t i = 8;
+        for (; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return numpy_sum(a, n2) + numpy_sum(a + n2, n - n2);
+}
+
+/* Sorts positions by descending weight, ties in the order given (a stable merge sort: the
+ * positions come in ascending id order, so ties go to the lowest id, as lexsort's). */
+static void order_by_weight(int32_t *pos, int32_t *tmp, Py_ssize_t n, const double *w) {
+    for (Py_ssize_t width = 1; width < n; width *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * width) {
+            Py_ssize_t mid = lo + width < n ? lo + width : n;
+            Py_ssize_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            Py_ssize_t a = lo, b = mid, k = lo;
+            while (a < mid && b < hi) tmp[k++] = w[pos[b]] > w[pos[a]] ? pos[b++] : pos[a++];
+            while (a < mid) tmp[k++] = pos[a++];
+            while (b < hi) tmp[k++] = pos[b++];
+        }
+        memcpy(pos, tmp, n * sizeof *pos);
+    }
+}
+
+#define FILTER_MAX 4096
+
+static Py_ssize_t filter_rows(const float *, const int64_t *, Py_ssize_t, double, double,
+                              Py_ssize_t, double, double, double, double, int, int64_t *,
+                              double *, double *, double *, double *, int32_t *, int32_t *);
+
+/* sampling._filtered for up to FILTER_MAX candidates, in one call: float64 weights
+ * exp((x[id] - top) / t), then top-k, top-p, min-p in that order, the kept ids ascending
+ * and their probabilities. The same arithmetic as NumPy's path, operation for operation
+ * (the cumulative sums in order, the normaliser as NumPy sums it), so the same result.
+ * `mass` < 0: top-p's total is the candidates' (else a whole row's, given, summed from
+ * float32 weights: where a cut falls within `margin` of it, relative, -1 is returned and the
+ * caller's NumPy path decides). Returns the count kept (-1 also if nothing is kept), or -2
+ * if memory ran out. */
+static Py_ssize_t filter_impl(const float *x, const int64_t *ids, Py_ssize_t m, double top,
+                              double t, Py_ssize_t top_k, double top_p, double min_p,
+                              double mass, double margin, int floored, int64_t *out_ids,
+                              double *out_p) {
+    /* (on the heap: ~130 KB would strain a small thread stack) */
+    double *w = malloc(m * (3 * sizeof(double) + 2 * sizeof(int32_t)));
+    if (!w) return -2;
+    double *kept_w = w + m, *before = w + 2 * m;
+    int32_t *pos = (int32_t *)(w + 3 * m), *tmp = pos + m;
+    Py_ssize_t count = filter_rows(x, ids, m, top, t, top_k, top_p, min_p, mass, margin,
+                                   floored, out_ids, out_p, w, kept_w, before, pos, tmp);
+    free(w);
+    return count;
+}
+
+static Py_ssize_t filter_rows(const float *x, const int64_t *ids, Py_ssize_t m, double top,
+                              double t, Py_ssize_t top_k, double top_p, double min_p,
+                              double mass, double margin, int floored, int64_t *out_ids,
+                              double *out_p,
+                              double *w, double *kept_w, double *before, int32_t *pos,
+                              int32_t *tmp) {
+    for (Py_ssize_t i = 0; i < m; i++) w[i] = exp(((double)x[ids[i]] - top) / t);
+    Py_ssize_t n = m;
+    for (Py_ssize_t i = 0; i < m; i++) pos[i] = (int32_t)i;
+    int cut_k = top_k > 0 && top_k < m;
+    if (cut_k || top_p < 1.0) {
+        order_by_weight(pos, tmp, m, w);
+        if (cut_k) {
+            n = top_k;
+            mass = -1.0;
+        }
+        if (top_p < 1.0) {
+            double cum = 0.0;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                cum += w[pos[j]];
+                before[j] = cum - w[pos[j]];
+            }
+            double total = mass < 0.0 ? cum : mass, goal = top_p * total;
+            Py_ssize_t kept = 0;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                if (mass >= 0.0 && fabs(before[j] - goal) <= margin * total) return -1;
+                if (before[j] < goal) pos[kept++] = pos[j];
+            }
+            n = kept;
+        }
+        /* back to ascending positions (so ascending ids) */
+        memset(tmp, 0, m * sizeof *tmp);
+        for (Py_ssize_t j = 0; j < n; j++) tmp[pos[j]] = 1;
+        n = 0;
+        for (Py_ssize_t i = 0; i < m; i++)
+            if (tmp[i]) pos[n++] = (int32_t)i;
+    }
+    double floor = -1.0; /* a weight is kept if above it (> 0 unless floored) */
+    int at_least = 0;
+    if (min_p > 0.0) {
+        double wmax = 0.0;
+        for (Py_ssize_t j = 0; j < n; j++)
+            if (w[pos[j]] > wmax) wmax = w[pos[j]];
+        floor = min_p * wmax;
+        at_least = 1;
+    }
+    Py_ssize_t count = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        double v = w[pos[j]];
+        if ((at_least ? v >= floor : 1) && (floored || v > 0.0)) {
+            out_ids[count] = ids[pos[j]];
+            kept_w[count++] = v;
+        }
+    }
+    if (count == 0) return -1;
+    double z = numpy_sum(kept_w, count);
+    for (Py_ssize_t j = 0; j < count; j++) out_p[j] = kept_w[j] / z;
+    return count;
+}
+
 /* A C-contiguous float32 buffer of `obj` (writable if asked), or 0 with an exception set. */
 static int floats(PyObject *obj, Py_buffer *b, int writable, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -258,6 +582,137 @@ static PyObject *mass_before(PyObject *self, PyObject *args) {
     return ok ? PyFloat_FromDouble(total) : NULL;
 }
 
+/* An int64 buffer of `obj`, writable, or 0 with an exception set. */
+static int int64s(PyObject *obj, Py_buffer *b) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)) return 0;
+    /* (NumPy's int64 is 'l' on LP64 systems, 'q' elsewhere) */
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (b->itemsize != sizeof(int64_t) || (strcmp(f, "l") != 0 && strcmp(f, "q") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "ids: an int64 array is needed");
+        PyBuffer_Release(b);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *window(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *idso;
+    float offset;
+    Py_ssize_t keep;
+    if (!PyArg_ParseTuple(args, "OfnO", &xo, &offset, &keep, &idso)) return NULL;
+    Py_buffer x, ids;
+    if (!floats(xo, &x, 0, "x")) return NULL;
+    if (!int64s(idso, &ids)) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t cap = ids.len / (Py_ssize_t)sizeof(int64_t);
+    if (cap > WINDOW_MAX) cap = WINDOW_MAX;
+    Py_ssize_t count = -1;
+    float top = NAN;
+    if (!(offset <= 0.0f) || keep < 1 || cap < keep + 8 * W * 2) {
+        PyErr_SetString(PyExc_ValueError,
+                        "window: offset <= 0, keep >= 1 and room in ids for keep + 128");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        count = window_impl(x.buf, x.len / (Py_ssize_t)sizeof(float), offset, keep, ids.buf,
+                            cap, &top);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&x);
+    if (PyErr_Occurred()) return NULL;
+    return Py_BuildValue("dn", (double)top, count);
+}
+
+static PyObject *at_least(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *idso;
+    float floor;
+    if (!PyArg_ParseTuple(args, "OfO", &xo, &floor, &idso)) return NULL;
+    Py_buffer x, ids;
+    if (!floats(xo, &x, 0, "x")) return NULL;
+    if (!int64s(idso, &ids)) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t count;
+    Py_BEGIN_ALLOW_THREADS
+    count = at_least_impl(x.buf, x.len / (Py_ssize_t)sizeof(float), floor, ids.buf,
+                          ids.len / (Py_ssize_t)sizeof(int64_t));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&x);
+    return PyLong_FromSsize_t(count);
+}
+
+/* A C-contiguous buffer of `obj` with items of `size` bytes and a format among `formats`
+ * (writable if asked), or 0 with an exception set. */
+static int typed(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t size,
+                 const char *formats, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, b, flags)) return 0;
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (b->itemsize != size || strlen(f) != 1 || !strchr(formats, *f)) {
+        PyErr_Format(PyExc_TypeError, "%s is needed", what);
+        PyBuffer_Release(b);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *filtered(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *idso, *oido, *opo;
+    double top, t, top_p, min_p, mass, margin;
+    Py_ssize_t top_k;
+    int floored;
+    if (!PyArg_ParseTuple(args, "OOddnddddpOO", &xo, &idso, &top, &t, &top_k, &top_p, &min_p,
+                          &mass, &margin, &floored, &oido, &opo))
+        return NULL;
+    Py_buffer x, ids, oid, op;
+    if (!floats(xo, &x, 0, "x")) return NULL;
+    if (!typed(idso, &ids, 0, 8, "lq", "ids: an int64 array")) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (!typed(oido, &oid, 1, 8, "lq", "out_ids: a writable int64 array")) {
+        PyBuffer_Release(&ids);
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (!typed(opo, &op, 1, 8, "d", "out_probs: a writable float64 array")) {
+        PyBuffer_Release(&oid);
+        PyBuffer_Release(&ids);
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t m = ids.len / 8, n = x.len / (Py_ssize_t)sizeof(float);
+    Py_ssize_t count = -1;
+    int ok = m <= FILTER_MAX && oid.len >= ids.len && op.len >= ids.len && t > 0.0;
+    for (Py_ssize_t i = 0; ok && i < m; i++) ok = ((const int64_t *)ids.buf)[i] >= 0
+                                                 && ((const int64_t *)ids.buf)[i] < n;
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "filtered: at most 4096 ids, all inside x, outputs "
+                                          "as long, and t > 0");
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        count = filter_impl(x.buf, ids.buf, m, top, t, top_k, top_p, min_p, mass, margin,
+                            floored, oid.buf, op.buf);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&op);
+    PyBuffer_Release(&oid);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&x);
+    if (!ok) return NULL;
+    if (count == -2) return PyErr_NoMemory();
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"scaled_exp", scaled_exp, METH_VARARGS,
      "scaled_exp(x, out, top, inv_t, blocks=None, precise=False) -> float: "
@@ -266,6 +721,19 @@ static PyMethodDef methods[] = {
     {"mass_before", mass_before, METH_VARARGS,
      "mass_before(x, w, y) -> float: sum of w over the ids before y in descending order of x "
      "(ties: lower ids first)"},
+    {"window", window, METH_VARARGS,
+     "window(x, offset, keep, ids) -> (top, count): the max of x (NaN if it holds one) and the "
+     "ids, ascending, of a superset of the keep largest values at least max + offset (ties "
+     "in), into the int64 array ids; count -1 if ties fill half of ids"},
+    {"at_least", at_least, METH_VARARGS,
+     "at_least(x, floor, ids) -> int: the ids of the values of x >= floor (as a float32), "
+     "ascending, into the int64 array ids, and their count; len(ids) + 1 (and a stop) if "
+     "more values reach it"},
+    {"filtered", filtered, METH_VARARGS,
+     "filtered(x, ids, top, t, top_k, top_p, min_p, mass, margin, floored, out_ids, "
+     "out_probs) -> int: sampling._filtered over at most 4096 candidate ids (ascending "
+     "int64): the kept ids and their probabilities into the outputs, and their count; -1 "
+     "where the Python path must decide (a top-p cut within margin of a given mass >= 0)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -158,14 +158,27 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
     if params.greedy or not 0 < window < x.size or x.ndim != 1 or (
             0 < params.top_k <= window):
         return distribution(x, params, n_vocab)
-    maxima = _Maxima.of(x)
-    top = _row_max(x, maxima)
+    floor_offset = params.temperature * math.log(WINDOW_RATIO)
+    if params.min_p > 0.0 and params.top_p >= 1.0:  # (top-p's total counts what min-p drops)
+        floor_offset = max(floor_offset, params.temperature * (math.log(params.min_p) - 1e-6))
+    found = maxima = None
+    if _ROWS is not None and _floats(x) and window + _WINDOW_SLACK <= _WINDOW_MAX:
+        # compiled: the max and a superset of the window in one read
+        found = np.empty(window + _WINDOW_SLACK, np.int64)
+        top, count = _ROWS.window(x, floor_offset, window, found)
+        found = found[:count] if count >= 0 else None  # (-1: ties filled the list)
+    if found is None:  # the column maxima find the window's largest logits
+        maxima = _Maxima.of(x)
+        top = _row_max(x, maxima)
     if top != top or top == np.inf or top == -np.inf:  # NaN, +inf, all -inf: as distribution()
         return distribution(x, params, n_vocab)
     floor = float(window_floor(top, params.temperature))
-    if params.min_p > 0.0 and params.top_p >= 1.0:  # (top-p's total counts what min-p drops)
+    if params.min_p > 0.0 and params.top_p >= 1.0:
         floor = max(floor, _min_p_floor(top, params))
-    found = maxima.at_least(floor, window) if maxima is not None else None
+    if found is not None:
+        found = found[x[found] >= np.float32(floor)]
+    elif maxima is not None:
+        found = maxima.at_least(floor, window)
     if found is None:  # many columns reach the floor: the window's largest logits first
         found = _top_ids(x, window, params.temperature, maxima)
         found = found[x[found] >= np.float32(floor)]
@@ -173,6 +186,25 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
         values = x[found]
         found = found[values >= np.partition(values, found.size - window)[found.size - window]]
     return _filtered(x, top, found, params, None, n_vocab or x.size, floored=True)
+
+
+#: the compiled window pass lists a draft row's candidates in the window's size plus this many
+#: slots (a step of the pass adds up to 128; when they fill, it keeps the window's largest
+#: listed, raising its floor: fewer slots raise it sooner, measured fastest at 192), and in
+#: at most this many in all
+_WINDOW_SLACK = 192
+_WINDOW_MAX = 4096
+
+
+def _ids_at_least(x: np.ndarray, floor: float, cap: int) -> np.ndarray | None:
+    """Ids (ascending) of the logits ``>= floor`` (as a float32), from the compiled pass:
+    ``None`` where it is not built or does not take ``x``, or where more than ``cap`` logits
+    reach the floor (the pass stops there)."""
+    if _ROWS is None or not _floats(x):
+        return None
+    ids = np.empty(cap, np.int64)
+    count = _ROWS.at_least(x, floor, ids)
+    return ids[:count] if count <= cap else None
 
 
 def top_window(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -230,14 +262,16 @@ _HEAD_EPS = 3e-5
 _HEAD_EPS_ARG = 3e-7
 
 
-def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True
+def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True, loose: bool = False
           ) -> tuple[np.ndarray | None, np.ndarray | None, float, float] | None:
     """A confident row's head and bounds on its total weight, with no pass over the row
     beyond its maxima: ``(ids, w, lo, hi)``, the ids (ascending) of every logit that weighs
     at least exp(:data:`_HEAD_LOG`) and their float64 weights ``exp((x - top) / T)``, and
     ``lo <= Z <= hi`` for the row's total ``Z`` (within :data:`_HEAD_EPS` of the Dense form's
-    total too). ``None`` for a flat row. ``listed=False``: the bounds only (ids and weights
-    ``None``), for a caller that never reads them.
+    total too). ``None`` for a flat row, or where the bounds are not within
+    :data:`_HEAD_RATIO` of each other. ``listed=False``: the bounds only (ids and weights
+    ``None``), for a caller that never reads them. ``loose``: the head and its bounds however
+    far apart they are (``None`` only for a flat row).
 
     ``Z`` is the exact weight of the columns whose maximum reaches the head (all 64 logits of
     each) plus, for every other column, between one and 64 times its maximum's weight.
@@ -259,7 +293,7 @@ def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True
         rest = max(float(e.sum()) - maxima_weight, 0.0)
         # a guess before the head is read: its weight is mostly its columns' maxima (a
         # wrong guess costs time, never exactness)
-        if (maxima_weight + _SLICES * rest) > _HEAD_RATIO * (maxima_weight + rest):
+        if not loose and (maxima_weight + _SLICES * rest) > _HEAD_RATIO * (maxima_weight + rest):
             return None
         values = maxima.grid[:, head]
         weights = _scaled_exp(values, top, t)
@@ -270,7 +304,7 @@ def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True
             exact += float(tw.sum())
     lo = (exact + rest * (1.0 - 2e-5)) * (1.0 - _HEAD_EPS)
     hi = (exact + _SLICES * rest * (1.0 + 2e-5) + 1e-30) * (1.0 + _HEAD_EPS)
-    if hi > _HEAD_RATIO * lo:
+    if hi > _HEAD_RATIO * lo and not loose:
         return None
     if not listed:
         return None, None, lo, hi
@@ -434,7 +468,10 @@ def _top_candidates(x: np.ndarray, k: int,
         if first and flat is not None and _looks_flat(part, sample_.size - rank, stride, *flat):
             return None
         guess = part[sample_.size - rank]
-        ids = (x >= guess).nonzero()[0]
+        # (the rank scaled up: the ids expected at or above the guess; 4x that, a margin)
+        ids = _ids_at_least(x, guess, 4 * rank * stride)
+        if ids is None:
+            ids = (x >= guess).nonzero()[0]
         if ids.size >= k:
             return ids, float(guess)
         rank *= 4
@@ -546,6 +583,16 @@ def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams
     total and top-k does not bound the set first; ``w``: the candidates' weights, if known,
     and ``order`` their :func:`_descending_order`, if known. ``floored``: every candidate is
     at or above a draft window's floor (weights of 1e-4 or more: none is 0)."""
+    if (_ROWS is not None and 0 < ids.size <= _FILTER_MAX and ids.dtype == np.int64
+            and ids.flags.c_contiguous and _floats(x)):
+        # compiled: the same arithmetic in one call (``w`` and ``order``, where given, are
+        # what it computes again: the weights by the same formula, the order in full)
+        out_ids, out_probs = np.empty(ids.size, np.int64), np.empty(ids.size)
+        count = _ROWS.filtered(x, ids, top, params.temperature, params.top_k, params.top_p,
+                               params.min_p, -1.0 if dense is None else dense.total,
+                               _TOTAL_ERR, floored, out_ids, out_probs)
+        if count > 0:  # (else a cut too near the total's rounding: decided below)
+            return Sparse(out_ids[:count], out_probs[:count], n)
     if w is None:
         w = _weights(x, ids, top, params.temperature, floored)
     if params.top_k and params.top_k < ids.size or params.top_p < 1.0:
@@ -581,6 +628,10 @@ def _filtered(x: np.ndarray, top: float, ids: np.ndarray, params: SamplingParams
     return Sparse(ids, w / w.sum(), n)
 
 
+#: candidate sets up to this size are filtered by the compiled pass where it is built (its
+#: limit)
+_FILTER_MAX = 4096
+
 #: how far (relative) a Dense total can be from the float64 one: float32 weights, and ggml's
 #: kernel sums each SIMD register's lanes in float32 before it accumulates in double
 _TOTAL_ERR = 4e-6
@@ -615,14 +666,22 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int,
     t = params.temperature
     if maxima is not None and params.min_p <= 0.0:
         # a confident row: its head holds the nucleus, and bounds on the total from the
-        # column maxima usually place the cut with no pass over the row
-        head = _head(maxima, top, t)
+        # column maxima usually place the cut with no pass over the row; where they are loose
+        # (a bulk of light tokens whose weight moves the cut) the exact total does, from one
+        # pass
+        head = _head(maxima, top, t, loose=True)
         if head is not None:
-            ids, w, _, hi = head
-            found = _bounded(x, top, params, ids, w, top + t * _HEAD_LOG, False, n,
-                             high=params.top_p * hi)
-            if found is not None:
-                return found
+            ids, w, lo, hi = head
+            if hi <= _HEAD_RATIO * lo:
+                found = _bounded(x, top, params, ids, w, top + t * _HEAD_LOG, False, n,
+                                 high=params.top_p * hi)
+                if found is not None:
+                    return found
+            d = _dense(x, top, t, n, precise=True)
+            if w.sum() >= params.top_p * d.total * (1 + _TOTAL_ERR):
+                # the nucleus is a prefix of the head's order (every token above a weight)
+                return _filtered(x, top, ids, params, d, n, w)
+            return _flat_nucleus(x, d, top, params, n)
     ids, w, order = None, None, None  # candidates whose weights (and order) were computed
     minp_ids = None
     if params.min_p > 0.0:
@@ -660,10 +719,18 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int,
     if minp_ids is not None:
         return _filtered(x, top, minp_ids, params, d, n, w if ids is minp_ids else None)
     if w is not None and w.sum() >= params.top_p * d.total * (1 + _TOTAL_ERR):
-        # the nucleus is a prefix of these
+        # the nucleus is a prefix of these, usually of their few heaviest: their order first
+        # (_filtered orders them all only if the cut lies past those)
+        if order is None:
+            order = _descending_order(x, ids, w, _ORDER_HEAD)
         return _filtered(x, top, ids, params, d, n, w, order)
-    # A flat row: the nucleus holds a large part of the vocabulary, and stays dense (the
-    # dropped weights are zeroed), once it is needed.
+    return _flat_nucleus(x, d, top, params, n)
+
+
+def _flat_nucleus(x: np.ndarray, d: Dense, top: float, params: SamplingParams,
+                  n: int) -> Dense | Truncated:
+    """A flat row's nucleus (``d``: the row's weights): it holds a large part of the
+    vocabulary, and stays dense (the dropped weights are zeroed), once it is needed."""
     if params.top_p >= _LAZY_TOP_P:
         return _lazy_nucleus(x, d, top, params, n)
     return _bracketed(x, d, top, params, n) or _binned(x, d, top, params, n)
