@@ -299,3 +299,31 @@ def test_filtered_refuses_what_it_cannot_take():
         ROWS.filtered(x, ids.astype(np.int32), *args, out_ids, out_p)
     with pytest.raises(TypeError, match="float64"):
         ROWS.filtered(x, ids, *args, out_ids, out_p.astype(np.float32))
+
+
+# ---- a row's head from its column maxima (`head`) ---------------------------------------------
+
+
+@needs_rows
+@pytest.mark.parametrize("top", [9.0, 13.0, 15.0, 20.0, 30.0])
+@pytest.mark.parametrize("t", [0.25, 0.8, 1.0, 2.0])
+@pytest.mark.parametrize("n", [151_936, 16_411])  # (the second: a tail past the grid)
+def test_head_is_numpys_head(top, t, n):
+    # the same head (ids, float64 weights: bit for bit) and the same bounds on the total but
+    # for the columns' float32 exps (each within 2e-7 of the other's: the bounds move by that)
+    rng = np.random.default_rng(int(top * 10 + t * 100))
+    row = rng.normal(0.0, 2.0, n).astype(np.float32)
+    row[rng.choice(n, 6, replace=False)] = top - np.array([0, 1, 1.8, 2.5, 3, 3.4], np.float32)
+    row[n - 3] = top - 0.5  # in the tail where there is one
+    maxima = sampling._Maxima.of(row)
+    for loose in (False, True):
+        got = sampling._head(maxima, float(maxima.top), t, loose=loose)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sampling, "_ROWS", None)
+            want = sampling._head(maxima, float(maxima.top), t, loose=loose)
+        assert (got is None) == (want is None), (loose, got, want)
+        if got is None:
+            continue
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[2:], want[2:], rtol=1e-6)

@@ -36,6 +36,10 @@
  *     instead of some twenty NumPy calls, each of which costs 5-15 µs right after a decode
  *     has streamed the caches out.
  *
+ * - head(x, cols, slices, top, t, floor, max_head, guess, ids, w) -> (count, heads, rest,
+ *        exact):
+ *     sampling._head's sums and listing over a row's column maxima in one call.
+ *
  * Every value goes through the same vector code, the row's tail included (padded), so tied
  * logits get the same weight wherever they sit. exp: Cephes' expf (range reduction by
  * ln 2 in two parts, a degree-5 polynomial; within 2e-7 relative of float64), 0 for -inf and
@@ -253,8 +257,17 @@ static float kth_largest(float *v, Py_ssize_t m, Py_ssize_t k) {
 static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
                           float *floor) {
     float vals[WINDOW_MAX];
+    if (count < keep || count > WINDOW_MAX) return count; /* (never: the list is full) */
+    /* (GCC cannot see that the first `count` values, all that kth_largest reads, are set) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
     for (Py_ssize_t j = 0; j < count; j++) vals[j] = x[ids[j]];
     float kth = kth_largest(vals, count, keep);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
     if (kth > *floor) *floor = kth;
     Py_ssize_t kept = 0;
     for (Py_ssize_t j = 0; j < count; j++)
@@ -498,6 +511,73 @@ static Py_ssize_t filter_rows(const float *x, const int64_t *ids, Py_ssize_t m, 
     return count;
 }
 
+/* sampling._head's arithmetic over a row's column maxima, in one call. The row is `slices`
+ * rows of `width` side by side (column c: ids c, width + c, ...), then a tail of fewer ids.
+ * Head columns: those whose maximum is >= floor (more than max_head: returns -1, a flat
+ * row). The maxima's weights exp((m - top) * inv_t), in float32 as the row's Dense form
+ * weighs (~1e-7 off; the caller's bounds allow 2e-5), summed as doubles: `heads` over the
+ * head columns, `rest` over the others. `guess` > 0: return -2 when
+ * heads + slices * rest > guess * (heads + rest) (bounds that loose are not worth the head's
+ * exps). Else every logit of the head columns and of the tail, weighed in float64 as
+ * exp((v - top) / t) (NumPy's _scaled_exp, operation for operation), summed into `exact`,
+ * and those >= floor listed with their weights, ids ascending. Returns the count listed. */
+static Py_ssize_t head_impl(const float *x, Py_ssize_t n, Py_ssize_t width, Py_ssize_t slices,
+                            const float *cols, double top, double t, float floor,
+                            Py_ssize_t max_head, double guess, int64_t *ids, double *w,
+                            double *heads, double *rest, double *exact) {
+    int32_t head[64];
+    Py_ssize_t nh = 0;
+    for (Py_ssize_t c = 0; c < width; c++)
+        if (cols[c] >= floor) {
+            if (nh == max_head || nh == 64) return -1;
+            head[nh++] = (int32_t)c;
+        }
+    const vf vt = splat((float)top), vs = splat((float)(1.0 / t));
+    const int scale = (float)(1.0 / t) != 1.0f;
+    double all = 0.0;
+    Py_ssize_t c = 0;
+    for (; c + W <= width; c += W) {
+        vf e = vexp(arg(load(cols + c), vt, vs, scale));
+        for (int j = 0; j < W; j++) all += e[j];
+    }
+    if (c < width) {
+        float buf[W];
+        vf e = exp_tail(cols + c, buf, width - c, vt, vs, scale);
+        for (int j = 0; j < W; j++) all += e[j];
+    }
+    double hw = 0.0;
+    for (Py_ssize_t h = 0; h < nh; h++) {
+        float one[W];
+        vf e = exp_tail(cols + head[h], one, 1, vt, vs, scale);
+        hw += e[0];
+    }
+    *heads = hw;
+    *rest = all - hw > 0.0 ? all - hw : 0.0;
+    if (guess > 0.0 && hw + (double)slices * *rest > guess * (hw + *rest)) return -2;
+    double sum = 0.0;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t r = 0; r < slices; r++)
+        for (Py_ssize_t h = 0; h < nh; h++) {
+            Py_ssize_t id = r * width + head[h];
+            double v = exp(((double)x[id] - top) / t);
+            sum += v;
+            if (x[id] >= floor) {
+                ids[count] = id;
+                w[count++] = v;
+            }
+        }
+    for (Py_ssize_t id = slices * width; id < n; id++) {
+        double v = exp(((double)x[id] - top) / t);
+        sum += v;
+        if (x[id] >= floor) {
+            ids[count] = id;
+            w[count++] = v;
+        }
+    }
+    *exact = sum;
+    return count;
+}
+
 /* A C-contiguous float32 buffer of `obj` (writable if asked), or 0 with an exception set. */
 static int floats(PyObject *obj, Py_buffer *b, int writable, const char *name) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -713,6 +793,56 @@ static PyObject *filtered(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(count);
 }
 
+static PyObject *head(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *colso, *idso, *wo;
+    Py_ssize_t slices, max_head;
+    double top, t, guess;
+    float floor;
+    if (!PyArg_ParseTuple(args, "OOnddfndOO", &xo, &colso, &slices, &top, &t, &floor,
+                          &max_head, &guess, &idso, &wo))
+        return NULL;
+    Py_buffer x, cols, ids, w;
+    if (!floats(xo, &x, 0, "x")) return NULL;
+    if (!floats(colso, &cols, 0, "cols")) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (!typed(idso, &ids, 1, 8, "lq", "ids: a writable int64 array")) {
+        PyBuffer_Release(&cols);
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (!typed(wo, &w, 1, 8, "d", "w: a writable float64 array")) {
+        PyBuffer_Release(&ids);
+        PyBuffer_Release(&cols);
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / 4, width = cols.len / 4, cap = ids.len / 8;
+    if (w.len / 8 < cap) cap = w.len / 8;
+    int ok = slices >= 1 && width >= 1 && slices * width <= n && n - slices * width < slices
+             && max_head >= 0 && max_head <= 64 && cap >= slices * max_head + slices && t > 0.0;
+    Py_ssize_t count = 0;
+    double heads = 0.0, rest = 0.0, exact = 0.0;
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "head: slices x width within x (its tail shorter than "
+                                          "slices), max_head <= 64, room for (max_head + 1) x "
+                                          "slices ids, t > 0");
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        count = head_impl(x.buf, n, width, slices, cols.buf, top, t, floor, max_head, guess,
+                          ids.buf, w.buf, &heads, &rest, &exact);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&cols);
+    PyBuffer_Release(&x);
+    if (!ok) return NULL;
+    return Py_BuildValue("nddd", count, heads, rest, exact);
+}
+
 static PyMethodDef methods[] = {
     {"scaled_exp", scaled_exp, METH_VARARGS,
      "scaled_exp(x, out, top, inv_t, blocks=None, precise=False) -> float: "
@@ -734,6 +864,10 @@ static PyMethodDef methods[] = {
      "out_probs) -> int: sampling._filtered over at most 4096 candidate ids (ascending "
      "int64): the kept ids and their probabilities into the outputs, and their count; -1 "
      "where the Python path must decide (a top-p cut within margin of a given mass >= 0)"},
+    {"head", head, METH_VARARGS,
+     "head(x, cols, slices, top, t, floor, max_head, guess, ids, w) -> (count, heads, rest, "
+     "exact): sampling._head's sums over a row's column maxima and its head's logits (count "
+     "-1: more than max_head columns reach floor; -2: the guess says the bounds are loose)"},
     {NULL, NULL, 0, NULL},
 };
 

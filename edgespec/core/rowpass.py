@@ -12,7 +12,19 @@ compiled module does each in one pass:
   sum into ``blocks``; ``precise``: every weight summed as a float64 (for a total a top-p cut
   is placed against), else float32 lanes within a block;
 - ``mass_before(x, w, y) -> float``: the float64 sum of ``w`` over the tokens before ``y`` in
-  descending order of ``x``, ties to the lowest id.
+  descending order of ``x``, ties to the lowest id;
+- ``window(x, offset, keep, ids) -> (top, count)``: a draft row's max and a superset of its
+  ``keep`` largest logits at ``max + offset`` or above, in one read;
+- ``at_least(x, floor, ids) -> int``: the ids of the logits at a floor (compare and
+  ``nonzero`` in one read);
+- ``head(x, cols, slices, top, t, floor, max_head, guess, ids, w)``: a row's head and the sums
+  bounding its total, from its column maxima (``_head``);
+- ``filtered(x, ids, top, t, top_k, top_p, min_p, mass, margin, floored, out_ids, out_probs)``:
+  top-k, top-p and min-p over a few candidates, bit for bit NumPy's arithmetic (``_filtered``).
+
+The last two replace some twenty NumPy calls each. Right after a decode has streamed the
+model's weights through the caches, each NumPy call costs 5-15 µs (warm: 1-2), so on a CPU
+the number of calls per row costs more than their arithmetic.
 
 Measured on the 2-core development VM (AMD EPYC, AVX2, 151,936 float32 values): the weights
 and their sum 105-110 µs (155 µs precise) against 133-183 µs for NumPy's passes with ggml's

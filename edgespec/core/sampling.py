@@ -278,6 +278,37 @@ def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True, loose: b
     """
     cols = maxima.cols
     floor = np.float32(top + t * _HEAD_LOG)
+    listing = None
+    if _ROWS is not None and _floats(maxima.x) and _floats(cols):
+        # compiled: the same sums and the listing in one call
+        cap = _SLICES * (_MAX_HEAD + 1)
+        ids, w = np.empty(cap, np.int64), np.empty(cap)
+        count, _, rest, exact = _ROWS.head(maxima.x, cols, _SLICES, top, t, floor, _MAX_HEAD,
+                                           0.0 if loose else _HEAD_RATIO, ids, w)
+        if count < 0:  # (a flat row, or the guess below)
+            return None
+        listing = ids[:count], w[:count]
+    else:
+        sums = _head_sums(maxima, top, t, floor, loose)
+        if sums is None:
+            return None
+        rest, exact, list_head = sums
+    lo = (exact + rest * (1.0 - 2e-5)) * (1.0 - _HEAD_EPS)
+    hi = (exact + _SLICES * rest * (1.0 + 2e-5) + 1e-30) * (1.0 + _HEAD_EPS)
+    if hi > _HEAD_RATIO * lo and not loose:
+        return None
+    if not listed:
+        return None, None, lo, hi
+    ids, w = listing if listing is not None else list_head()
+    return ids, w, lo, hi
+
+
+def _head_sums(maxima: "_Maxima", top: float, t: float, floor: np.float32, loose: bool):
+    """:func:`_head`'s sums in NumPy: ``(rest, exact, list_head)`` (the weight of the columns
+    outside the head by their maxima, that of every logit of the head's columns and of the
+    tail, and a function that lists the head: ids ascending and float64 weights), or
+    ``None`` for a flat row (or where the guess says the bounds are loose)."""
+    cols = maxima.cols
     head = (cols >= floor).nonzero()[0]
     if head.size > _MAX_HEAD:
         return None
@@ -302,20 +333,18 @@ def _head(maxima: "_Maxima", top: float, t: float, listed: bool = True, loose: b
         if tail.size:  # (the default vocabulary has none: 64 x 2,374)
             tw = _scaled_exp(tail, top, t)
             exact += float(tw.sum())
-    lo = (exact + rest * (1.0 - 2e-5)) * (1.0 - _HEAD_EPS)
-    hi = (exact + _SLICES * rest * (1.0 + 2e-5) + 1e-30) * (1.0 + _HEAD_EPS)
-    if hi > _HEAD_RATIO * lo and not loose:
-        return None
-    if not listed:
-        return None, None, lo, hi
-    rows, at = (values >= floor).nonzero()
-    ids, w = rows * cols.size + head[at], weights[rows, at]
-    if tail.size:
-        more = (tail >= floor).nonzero()[0]
-        ids = np.concatenate([ids, more + maxima.grid.size])
-        w = np.concatenate([w, tw[more]])
-    order = ids.argsort()
-    return ids[order], w[order], lo, hi
+
+    def list_head() -> tuple[np.ndarray, np.ndarray]:
+        rows, at = (values >= floor).nonzero()
+        ids, w = rows * cols.size + head[at], weights[rows, at]
+        if tail.size:
+            more = (tail >= floor).nonzero()[0]
+            ids = np.concatenate([ids, more + maxima.grid.size])
+            w = np.concatenate([w, tw[more]])
+        order = ids.argsort()
+        return ids[order], w[order]
+
+    return rest, exact, list_head
 
 
 def pending_distribution(x: np.ndarray, params: SamplingParams,
