@@ -180,37 +180,38 @@ def _window_rows(size: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("keep", [1, 5, 64])
 @pytest.mark.parametrize("offset", [-0.5, -7.4, -1e4])
-def test_window_lists_every_large_value_at_the_floor(size, keep, offset):
+@pytest.mark.parametrize("min_p", [None, -2.3])
+def test_window_is_the_rows_largest_values_at_the_floor(size, keep, offset, min_p):
     for name, x in _window_rows(size).items():
         ids = np.full(keep + 192, -1, np.int64)
-        top, count = ROWS.window(x, offset, keep, ids)
+        top, count = ROWS.window(x, offset, -np.inf if min_p is None else min_p, keep, ids)
         if count < 0:  # ties at the keep-th largest value would fill half the list (the
             # pass stops there: the caller finds the window another way)
             kth = np.sort(x)[-keep]
             assert np.count_nonzero(x >= kth) > (keep + 192) // 2, name
             continue
         assert top == float(x.max()), name
-        assert count <= keep + 192
-        got = ids[:count]
-        assert np.all(np.diff(got) > 0), name  # ascending, each id once
-        # the window's floor and its keep-th largest value: every value reaching both is
-        # listed (the caller cuts the list to exactly those)
-        kth = np.sort(x)[max(size - keep, 0)]
-        need = np.flatnonzero((x >= np.float32(top + offset)) & (x >= kth))
-        assert np.isin(need, got).all(), name
+        # the floor as draft_distribution computes it, then the keep largest (ties in)
+        floor = float(np.float32(top + offset))
+        if min_p is not None:
+            floor = max(floor, top + min_p)
+        want = np.flatnonzero(x >= np.float32(floor))
+        if want.size > keep:
+            want = want[x[want] >= np.sort(x[want])[want.size - keep]]
+        np.testing.assert_array_equal(ids[:count], want, err_msg=name)
 
 
 @needs_rows
 def test_window_says_nan_and_needs_room():
     x = np.random.default_rng(0).normal(size=4096).astype(np.float32)
     x[3000] = np.nan
-    assert np.isnan(ROWS.window(x, -7.0, 64, np.empty(256, np.int64))[0])
+    assert np.isnan(ROWS.window(x, -7.0, -np.inf, 64, np.empty(256, np.int64))[0])
     with pytest.raises(ValueError, match="room"):
-        ROWS.window(x, -7.0, 64, np.empty(100, np.int64))
+        ROWS.window(x, -7.0, -np.inf, 64, np.empty(100, np.int64))
     with pytest.raises(ValueError):
-        ROWS.window(x, 1.0, 64, np.empty(256, np.int64))  # a floor above the max
+        ROWS.window(x, 1.0, -np.inf, 64, np.empty(256, np.int64))  # a floor above the max
     with pytest.raises(TypeError, match="int64"):
-        ROWS.window(x, -7.0, 64, np.empty(256, np.int32))
+        ROWS.window(x, -7.0, -np.inf, 64, np.empty(256, np.int32))
 
 
 @needs_rows

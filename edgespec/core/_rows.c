@@ -20,10 +20,9 @@
  *     the weight before token y in descending order, ties to the lowest id: the sum of w[i]
  *     over x[i] > x[y], and over x[i] == x[y] for i < y (in float64).
  *
- * - window(x, offset, keep, ids) -> (top, count):
+ * - window(x, offset, offset_min_p, keep, ids) -> (top, count):
  *     a draft's window in one read: the row's max (NaN if it holds one), and the ids,
- *     ascending, of a superset of its `keep` largest values that are at least max + offset
- *     (the caller applies its exact floor and cut to these few).
+ *     ascending, of its `keep` largest values (ties in) at or above its floor.
  * - at_least(x, floor, ids) -> int:
  *     the ids of the values >= floor (a float32), ascending, written into the int64 buffer
  *     `ids`, and their count; len(ids) + 1 if more reach it (the scan then stops there):
@@ -345,6 +344,25 @@ CLONES static Py_ssize_t window_impl(const float *x, Py_ssize_t n, float offset,
         if (x[j] >= floor) ids[count++] = j;
     *top = m;
     return count;
+}
+
+/* The window itself from window_impl's list: the ids at or above the caller's exact floor,
+ * float32(max(float32(top + offset), top + offset_min_p)) (sampling.draft_distribution's
+ * arithmetic), and of those, if more than `keep`, the ones at or above the keep-th largest
+ * (ties in), ascending. */
+static Py_ssize_t window_cut(const float *x, int64_t *ids, Py_ssize_t count, float top,
+                             double offset, double offset_min_p, Py_ssize_t keep) {
+    double f = (double)(float)((double)top + offset);
+    if ((double)top + offset_min_p > f) f = (double)top + offset_min_p;
+    const float floor = (float)f;
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < count; j++)
+        if (x[ids[j]] >= floor) ids[kept++] = ids[j];
+    if (kept > keep) {
+        float kth = floor;
+        kept = compact(x, ids, kept, keep, &kth);
+    }
+    return kept;
 }
 
 /* Compares a group of 64 values (8 vectors, their masks or-ed) at a time, then lists the ids
@@ -679,9 +697,9 @@ static int int64s(PyObject *obj, Py_buffer *b) {
 static PyObject *window(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *idso;
-    float offset;
+    double offset, offset_min_p;
     Py_ssize_t keep;
-    if (!PyArg_ParseTuple(args, "OfnO", &xo, &offset, &keep, &idso)) return NULL;
+    if (!PyArg_ParseTuple(args, "OddnO", &xo, &offset, &offset_min_p, &keep, &idso)) return NULL;
     Py_buffer x, ids;
     if (!floats(xo, &x, 0, "x")) return NULL;
     if (!int64s(idso, &ids)) {
@@ -692,18 +710,24 @@ static PyObject *window(PyObject *self, PyObject *args) {
     if (cap > WINDOW_MAX) cap = WINDOW_MAX;
     Py_ssize_t count = -1;
     float top = NAN;
-    if (!(offset <= 0.0f) || keep < 1 || cap < keep + 8 * W * 2) {
-        PyErr_SetString(PyExc_ValueError,
-                        "window: offset <= 0, keep >= 1 and room in ids for keep + 128");
+    int ok = offset <= 0.0 && !(offset_min_p > 0.0) && keep >= 1 && cap >= keep + 8 * W * 2;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "window: offsets <= 0, keep >= 1 and room in ids "
+                                          "for keep + 128");
     } else {
+        const float *xs = x.buf;
+        int64_t *is = ids.buf;
+        /* (the scan's floor: the higher offset, lowered by a margin inside window_impl) */
+        float scan = (float)(offset_min_p > offset ? offset_min_p : offset);
         Py_BEGIN_ALLOW_THREADS
-        count = window_impl(x.buf, x.len / (Py_ssize_t)sizeof(float), offset, keep, ids.buf,
-                            cap, &top);
+        count = window_impl(xs, x.len / (Py_ssize_t)sizeof(float), scan, keep, is, cap, &top);
+        if (count >= 0 && top == top && isfinite(top))
+            count = window_cut(xs, is, count, top, offset, offset_min_p, keep);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&ids);
     PyBuffer_Release(&x);
-    if (PyErr_Occurred()) return NULL;
+    if (!ok) return NULL;
     return Py_BuildValue("dn", (double)top, count);
 }
 
@@ -852,9 +876,10 @@ static PyMethodDef methods[] = {
      "mass_before(x, w, y) -> float: sum of w over the ids before y in descending order of x "
      "(ties: lower ids first)"},
     {"window", window, METH_VARARGS,
-     "window(x, offset, keep, ids) -> (top, count): the max of x (NaN if it holds one) and the "
-     "ids, ascending, of a superset of the keep largest values at least max + offset (ties "
-     "in), into the int64 array ids; count -1 if ties fill half of ids"},
+     "window(x, offset, offset_min_p, keep, ids) -> (top, count): the max of x (NaN if it "
+     "holds one) and a draft's window, ascending, into the int64 array ids: the keep largest "
+     "values (ties in) at or above float32(max(float32(top + offset), top + offset_min_p)); "
+     "count -1 if ties fill half of ids"},
     {"at_least", at_least, METH_VARARGS,
      "at_least(x, floor, ids) -> int: the ids of the values of x >= floor (as a float32), "
      "ascending, into the int64 array ids, and their count; len(ids) + 1 (and a stop) if "

@@ -158,27 +158,27 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
     if params.greedy or not 0 < window < x.size or x.ndim != 1 or (
             0 < params.top_k <= window):
         return distribution(x, params, n_vocab)
-    floor_offset = params.temperature * math.log(WINDOW_RATIO)
-    if params.min_p > 0.0 and params.top_p >= 1.0:  # (top-p's total counts what min-p drops)
-        floor_offset = max(floor_offset, params.temperature * (math.log(params.min_p) - 1e-6))
-    found = maxima = None
+    offset = params.temperature * math.log(WINDOW_RATIO)
+    # (top-p's total counts what min-p drops: min-p narrows the window only without top-p)
+    min_p = params.min_p > 0.0 and params.top_p >= 1.0
     if _ROWS is not None and _floats(x) and window + _WINDOW_SLACK <= _WINDOW_MAX:
-        # compiled: the max and a superset of the window in one read
-        found = np.empty(window + _WINDOW_SLACK, np.int64)
-        top, count = _ROWS.window(x, floor_offset, window, found)
-        found = found[:count] if count >= 0 else None  # (-1: ties filled the list)
-    if found is None:  # the column maxima find the window's largest logits
-        maxima = _Maxima.of(x)
-        top = _row_max(x, maxima)
+        # compiled: the max and the window in one read, floor and cut as below
+        ids = np.empty(window + _WINDOW_SLACK, np.int64)
+        top, count = _ROWS.window(x, offset, _min_p_offset(params) if min_p else -math.inf,
+                                  window, ids)
+        if count >= 0:  # (-1: ties at the window's edge filled the pass's list)
+            if top != top or top == np.inf or top == -np.inf:  # NaN, +inf, all -inf
+                return distribution(x, params, n_vocab)
+            return _filtered(x, top, ids[:count], params, None, n_vocab or x.size,
+                             floored=True)
+    maxima = _Maxima.of(x)
+    top = _row_max(x, maxima)
     if top != top or top == np.inf or top == -np.inf:  # NaN, +inf, all -inf: as distribution()
         return distribution(x, params, n_vocab)
     floor = float(window_floor(top, params.temperature))
-    if params.min_p > 0.0 and params.top_p >= 1.0:
+    if min_p:
         floor = max(floor, _min_p_floor(top, params))
-    if found is not None:
-        found = found[x[found] >= np.float32(floor)]
-    elif maxima is not None:
-        found = maxima.at_least(floor, window)
+    found = maxima.at_least(floor, window) if maxima is not None else None
     if found is None:  # many columns reach the floor: the window's largest logits first
         found = _top_ids(x, window, params.temperature, maxima)
         found = found[x[found] >= np.float32(floor)]
@@ -454,7 +454,12 @@ def _row_max(x: np.ndarray, maxima: _Maxima | None) -> float:
 def _min_p_floor(top: float, params: SamplingParams) -> float:
     """A logit below which min-p keeps no token (1e-6 lower: the filter itself decides the
     tokens at its edge)."""
-    return top + params.temperature * (np.log(params.min_p) - 1e-6)
+    return top + _min_p_offset(params)
+
+
+def _min_p_offset(params: SamplingParams) -> float:
+    """:func:`_min_p_floor` less the row's max."""
+    return params.temperature * (np.log(params.min_p) - 1e-6)
 
 
 def _at_least(x: np.ndarray, floor: float, maxima: _Maxima | None) -> np.ndarray:
