@@ -891,3 +891,23 @@ def test_a_row_whose_bulk_moves_the_cut_takes_its_nucleus_from_its_head(monkeypa
     assert isinstance(got, Sparse) and calls == [1]
     monkeypatch.undo()
     assert_same(row, params)
+
+
+@pytest.mark.skipif(sampling._ROWS is None, reason="the row passes are not compiled here")
+@pytest.mark.parametrize("top", [9.0, 14.0, 20.0])
+@pytest.mark.parametrize("mode", ["top_k40", "all"])
+def test_top_k_takes_its_candidates_from_one_compiled_read(top, mode, monkeypatch):
+    # the max and every logit from a hair below the 40th largest in one pass: no column
+    # maxima, and the same distribution as the reference
+    params = VOCAB_MODES[mode]
+    row = vocab_row(top=top)
+    row[[3, 90_000]] = np.sort(row)[-40]  # ties with the 40th largest
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the column maxima were made")
+
+    monkeypatch.setattr(sampling._Maxima, "of", refuse)
+    got = distribution(row, params)
+    assert isinstance(got, Sparse)
+    monkeypatch.undo()
+    assert_same(row, params)

@@ -202,6 +202,26 @@ def test_window_is_the_rows_largest_values_at_the_floor(size, keep, offset, min_
 
 
 @needs_rows
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("keep", [1, 5, 40, 64])
+def test_largest_lists_every_value_from_a_hair_below_the_keep_th(size, keep):
+    for name, x in _window_rows(size).items():
+        ids = np.full(keep + 192, -1, np.int64)
+        top, count, floor = ROWS.largest(x, keep, ids)
+        if count < 0:  # ties at the keep-th largest value would fill half the list
+            kth = np.sort(x)[-keep]
+            assert np.count_nonzero(x >= kth) > (keep + 192) // 2, name
+            continue
+        assert top == float(x.max()), name
+        kth = np.sort(x)[max(size - keep, 0)]
+        # (a hair: 1e-6 of it, as the pass rounds it in float32, so one float32 step of slack)
+        hair = np.float32(kth - 1e-6 * (1 + abs(kth)))
+        assert floor <= np.nextafter(hair, np.float32(np.inf)) or floor == -np.inf, name
+        np.testing.assert_array_equal(ids[:count], np.flatnonzero(x >= np.float32(floor))
+                                      if floor > -np.inf else np.arange(size), err_msg=name)
+
+
+@needs_rows
 def test_window_says_nan_and_needs_room():
     x = np.random.default_rng(0).normal(size=4096).astype(np.float32)
     x[3000] = np.nan

@@ -23,6 +23,9 @@
  * - window(x, offset, offset_min_p, keep, ids) -> (top, count):
  *     a draft's window in one read: the row's max (NaN if it holds one), and the ids,
  *     ascending, of its `keep` largest values (ties in) at or above its floor.
+ * - largest(x, keep, ids) -> (top, count, floor):
+ *     top-k's candidates in one read: every value at or above `floor`, which the pass keeps
+ *     at most a hair (1e-6 relative) below the keep-th largest.
  * - at_least(x, floor, ids) -> int:
  *     the ids of the values >= floor (a float32), ascending, written into the int64 buffer
  *     `ids`, and their count; len(ids) + 1 if more reach it (the scan then stops there):
@@ -254,7 +257,7 @@ static float kth_largest(float *v, Py_ssize_t m, Py_ssize_t k) {
 /* Keeps the listed ids whose value is at least the keep-th largest of theirs (ties in),
  * in order; raises *floor to that value. Returns the new count. */
 static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
-                          float *floor) {
+                          float *floor, int slack) {
     float vals[WINDOW_MAX];
     if (count < keep || count > WINDOW_MAX) return count; /* (never: the list is full) */
     /* (GCC cannot see that the first `count` values, all that kth_largest reads, are set) */
@@ -267,6 +270,10 @@ static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssi
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+    /* slack: lowered by 1e-6 of the value (and of 1), so that logits within a hair of the
+     * keep-th largest stay listed (top-k's caller adds those whose float64 weight may round
+     * onto the keep-th's, within 1e-9 of it) */
+    if (slack) kth -= 1e-6f * (1.0f + fabsf(kth));
     if (kth > *floor) *floor = kth;
     Py_ssize_t kept = 0;
     for (Py_ssize_t j = 0; j < count; j++)
@@ -283,7 +290,8 @@ INLINE float below(float m, float offset) {
 /* One pass: the row's max, and the ids (ascending) of a superset of its `keep` largest values
  * that are at least max + offset (ties in). The floor rises with the running max, and when
  * the list fills, to the keep-th largest value listed (the row's keep-th largest is at least
- * that). *top gets the max, or NaN (and the count is moot) if the row holds one. Returns the
+ * that, less a hair). *top gets the max, or NaN (and the count is moot) if the row holds
+ * one; *dropped the floor at the end: every value at or above it is listed. Returns the
  * count, or -1 if ties at that value fill half the list.
  *
  * A group of 64 values with none at or above the floor (nor NaN) costs a compare per value:
@@ -292,7 +300,7 @@ INLINE float below(float m, float offset) {
 #define GROUP 8
 CLONES static Py_ssize_t window_impl(const float *x, Py_ssize_t n, float offset,
                                      Py_ssize_t keep, int64_t *ids, Py_ssize_t cap,
-                                     float *top) {
+                                     float *top, float *dropped) {
     float m = -INFINITY, floor = -INFINITY;
     Py_ssize_t count = 0, i = 0;
     *top = NAN;
@@ -318,7 +326,7 @@ CLONES static Py_ssize_t window_impl(const float *x, Py_ssize_t n, float offset,
             if (below(m, offset) > floor) floor = below(m, offset);
         }
         if (count + GROUP * W > cap) {
-            count = compact(x, ids, count, keep, &floor);
+            count = compact(x, ids, count, keep, &floor, 1);
             if (count + GROUP * W > cap) return -1;
         }
         const vf f2 = splat(floor);
@@ -337,12 +345,13 @@ CLONES static Py_ssize_t window_impl(const float *x, Py_ssize_t n, float offset,
     }
     if (below(m, offset) > floor) floor = below(m, offset);
     if (count + GROUP * W > cap) {
-        count = compact(x, ids, count, keep, &floor);
+        count = compact(x, ids, count, keep, &floor, 1);
         if (count + GROUP * W > cap) return -1;
     }
     for (Py_ssize_t j = i; j < n; j++)
         if (x[j] >= floor) ids[count++] = j;
     *top = m;
+    *dropped = floor;
     return count;
 }
 
@@ -360,7 +369,7 @@ static Py_ssize_t window_cut(const float *x, int64_t *ids, Py_ssize_t count, flo
         if (x[ids[j]] >= floor) ids[kept++] = ids[j];
     if (kept > keep) {
         float kth = floor;
-        kept = compact(x, ids, kept, keep, &kth);
+        kept = compact(x, ids, kept, keep, &kth, 0);
     }
     return kept;
 }
@@ -720,7 +729,9 @@ static PyObject *window(PyObject *self, PyObject *args) {
         /* (the scan's floor: the higher offset, lowered by a margin inside window_impl) */
         float scan = (float)(offset_min_p > offset ? offset_min_p : offset);
         Py_BEGIN_ALLOW_THREADS
-        count = window_impl(xs, x.len / (Py_ssize_t)sizeof(float), scan, keep, is, cap, &top);
+        float dropped;
+        count = window_impl(xs, x.len / (Py_ssize_t)sizeof(float), scan, keep, is, cap, &top,
+                            &dropped);
         if (count >= 0 && top == top && isfinite(top))
             count = window_cut(xs, is, count, top, offset, offset_min_p, keep);
         Py_END_ALLOW_THREADS
@@ -729,6 +740,36 @@ static PyObject *window(PyObject *self, PyObject *args) {
     PyBuffer_Release(&x);
     if (!ok) return NULL;
     return Py_BuildValue("dn", (double)top, count);
+}
+
+static PyObject *largest(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *idso;
+    Py_ssize_t keep;
+    if (!PyArg_ParseTuple(args, "OnO", &xo, &keep, &idso)) return NULL;
+    Py_buffer x, ids;
+    if (!floats(xo, &x, 0, "x")) return NULL;
+    if (!int64s(idso, &ids)) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t cap = ids.len / (Py_ssize_t)sizeof(int64_t);
+    if (cap > WINDOW_MAX) cap = WINDOW_MAX;
+    Py_ssize_t count = -1;
+    float top = NAN, dropped = -INFINITY;
+    int ok = keep >= 1 && cap >= keep + 8 * W * 2;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "largest: keep >= 1 and room in ids for keep + 128");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        count = window_impl(x.buf, x.len / (Py_ssize_t)sizeof(float), -INFINITY, keep, ids.buf,
+                            cap, &top, &dropped);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&x);
+    if (!ok) return NULL;
+    return Py_BuildValue("dnd", (double)top, count, (double)dropped);
 }
 
 static PyObject *at_least(PyObject *self, PyObject *args) {
@@ -880,6 +921,10 @@ static PyMethodDef methods[] = {
      "holds one) and a draft's window, ascending, into the int64 array ids: the keep largest "
      "values (ties in) at or above float32(max(float32(top + offset), top + offset_min_p)); "
      "count -1 if ties fill half of ids"},
+    {"largest", largest, METH_VARARGS,
+     "largest(x, keep, ids) -> (top, count, floor): the max of x (NaN if it holds one) and the "
+     "ids, ascending, of every value at or above floor, which is at most the keep-th largest "
+     "less 1e-6 of it (count -1 if ties there fill half of ids)"},
     {"at_least", at_least, METH_VARARGS,
      "at_least(x, floor, ids) -> int: the ids of the values of x >= floor (as a float32), "
      "ascending, into the int64 array ids, and their count; len(ids) + 1 (and a stop) if "

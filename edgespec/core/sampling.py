@@ -99,11 +99,16 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
         i = int(np.argmax(x))  # the first NaN if there is one
         top = float(x[i])
     else:
-        # max, not argmax: NumPy's argmax copies a read-only array first, and llama.cpp's rows
-        # are read-only views of its buffer (a copy would cost one more pass over the row)
-        maxima = (_Maxima.of(x) if (0 < params.top_k or params.min_p > 0.0
-                                    or params.top_p < 1.0) else None)
-        top = _row_max(x, maxima)  # NaN if there is one
+        k = params.top_k if 0 < params.top_k < x.size else 0
+        listed = _largest(x, k) if k else None  # (compiled: the max and top-k's candidates)
+        if listed is not None:
+            top, largest, maxima = listed[0], listed[1], None
+        else:
+            # max, not argmax: NumPy's argmax copies a read-only array first, and llama.cpp's
+            # rows are read-only views of its buffer (a copy would cost one more pass)
+            maxima = (_Maxima.of(x) if (0 < params.top_k or params.min_p > 0.0
+                                        or params.top_p < 1.0) else None)
+            top, largest = _row_max(x, maxima), None  # NaN if there is one
     if top != top or top == np.inf:  # NaN (raises) or +inf logits: the reference handles it
         return _from_dense(process(x, params))
     if top == -np.inf:
@@ -111,9 +116,10 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
     if params.greedy:
         return OneHot(i, n)
     t = params.temperature
-    k = params.top_k if 0 < params.top_k < x.size else 0
     if k:
-        ids = _top_ids(x, k, t, maxima)
+        ids = _near_ties(x, k, t, top, *largest) if largest is not None else None
+        if ids is None:
+            ids = _top_ids(x, k, t, maxima)
     elif params.top_p < 1.0:
         return _nucleus(x, top, params, n, maxima)
     elif params.min_p > 0.0:
@@ -194,6 +200,35 @@ def draft_distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int 
 #: at most this many in all
 _WINDOW_SLACK = 192
 _WINDOW_MAX = 4096
+
+
+def _largest(x: np.ndarray, k: int) -> tuple[float, tuple[np.ndarray, float] | None] | None:
+    """The row's max (NaN if it holds one) and, from the compiled pass, the ids (ascending)
+    of its logits at or above a floor at most a hair below the k-th largest, with that
+    floor: ``(top, (ids, floor))``, or ``(top, None)`` if ties there filled the pass's list;
+    ``None`` where the pass is not built or does not take ``x``."""
+    if _ROWS is None or not _floats(x) or k + _WINDOW_SLACK > _WINDOW_MAX:
+        return None
+    ids = np.empty(k + _WINDOW_SLACK, np.int64)
+    top, count, floor = _ROWS.largest(x, k, ids)
+    if count < 0:
+        return float(np.max(x)), None
+    return top, (ids[:count], floor)
+
+
+def _near_ties(x: np.ndarray, k: int, t: float, top: float, ids: np.ndarray,
+               listed_from: float) -> np.ndarray | None:
+    """:meth:`_Maxima.top_ids` from :func:`_largest`'s list (``ids``: every logit at or above
+    ``listed_from``): the k largest logits and every logit whose weight can round onto the
+    k-th's (within the same margin), or ``None`` where the list may miss some of those."""
+    values = x[ids]
+    kth = float(np.partition(values, ids.size - k)[ids.size - k])
+    if (kth - top) / t < -700.0:  # subnormal weights tie over wide ranges of logits
+        return None
+    floor = kth - 1e-9 * (t + abs(kth) + abs(top))
+    if np.float32(floor) < listed_from:
+        return None
+    return ids[values >= np.float32(floor)]
 
 
 def _ids_at_least(x: np.ndarray, floor: float, cap: int) -> np.ndarray | None:
