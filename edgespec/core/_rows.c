@@ -605,16 +605,40 @@ static Py_ssize_t head_impl(const float *x, Py_ssize_t n, Py_ssize_t width, Py_s
     return count;
 }
 
-/* A C-contiguous float32 buffer of `obj` (writable if asked), or 0 with an exception set. */
-static int floats(PyObject *obj, Py_buffer *b, int writable, const char *name) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, b, flags) != 0) return 0;
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (strcmp(f, "f") != 0 || b->itemsize != sizeof(float)) {
-        PyErr_Format(PyExc_TypeError, "%s: a float32 array is needed", name);
-        PyBuffer_Release(b);
-        return 0;
+/* A buffer a function takes: C-contiguous, items of `size` bytes with a format among
+ * `formats` (NumPy's int64 is 'l' on LP64 systems, 'q' elsewhere), writable if asked;
+ * `what` names it in the error. */
+typedef struct {
+    PyObject *obj;
+    int writable;
+    Py_ssize_t size;
+    const char *formats, *what;
+} want;
+
+#define F32(obj, writable, name) {obj, writable, 4, "f", name ": a float32 array"}
+#define I64(obj, writable, name) {obj, writable, 8, "lq", name ": an int64 array"}
+#define F64(obj, name) {obj, 1, 8, "d", name ": a writable float64 array"}
+
+static void release(Py_buffer *b, int n) {
+    while (n--) PyBuffer_Release(&b[n]);
+}
+
+/* Takes the n buffers asked for into b, or none (those taken released, an exception set):
+ * 0 then. */
+static int take(Py_buffer *b, const want *w, int n) {
+    for (int i = 0; i < n; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (w[i].writable ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(w[i].obj, &b[i], flags)) {
+            release(b, i);
+            return 0;
+        }
+        const char *f = b[i].format ? b[i].format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') f++;
+        if (b[i].itemsize != w[i].size || strlen(f) != 1 || !strchr(w[i].formats, *f)) {
+            PyErr_Format(PyExc_TypeError, "%s is needed", w[i].what);
+            release(b, i + 1);
+            return 0;
+        }
     }
     return 1;
 }
@@ -626,12 +650,10 @@ static PyObject *scaled_exp(PyObject *self, PyObject *args) {
     int precise = 0;
     if (!PyArg_ParseTuple(args, "OOff|Op", &xo, &outo, &top, &inv_t, &blockso, &precise))
         return NULL;
-    Py_buffer x, out, blocks = {0};
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!floats(outo, &out, 1, "out")) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[2], blocks = {0};
+    const want asked[2] = {F32(xo, 0, "x"), F32(outo, 1, "out")};
+    if (!take(b, asked, 2)) return NULL;
+    Py_buffer x = b[0], out = b[1];
     Py_ssize_t n = x.len / (Py_ssize_t)sizeof(float);
     int ok = 1;
     if (out.len < x.len) {
@@ -655,8 +677,7 @@ static PyObject *scaled_exp(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     if (blocks.obj) PyBuffer_Release(&blocks);
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
+    release(b, 2);
     return ok ? PyFloat_FromDouble(total) : NULL;
 }
 
@@ -665,12 +686,10 @@ static PyObject *mass_before(PyObject *self, PyObject *args) {
     PyObject *xo, *wo;
     Py_ssize_t y;
     if (!PyArg_ParseTuple(args, "OOn", &xo, &wo, &y)) return NULL;
-    Py_buffer x, w;
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!floats(wo, &w, 0, "w")) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[2];
+    const want asked[2] = {F32(xo, 0, "x"), F32(wo, 0, "w")};
+    if (!take(b, asked, 2)) return NULL;
+    Py_buffer x = b[0], w = b[1];
     Py_ssize_t n = x.len / (Py_ssize_t)sizeof(float);
     int ok = 1;
     if (w.len < x.len || y < 0 || y >= n) {
@@ -684,23 +703,8 @@ static PyObject *mass_before(PyObject *self, PyObject *args) {
         total = mass_impl(xs, w.buf, n, xs[y], y);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&w);
+    release(b, 2);
     return ok ? PyFloat_FromDouble(total) : NULL;
-}
-
-/* An int64 buffer of `obj`, writable, or 0 with an exception set. */
-static int int64s(PyObject *obj, Py_buffer *b) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)) return 0;
-    /* (NumPy's int64 is 'l' on LP64 systems, 'q' elsewhere) */
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (b->itemsize != sizeof(int64_t) || (strcmp(f, "l") != 0 && strcmp(f, "q") != 0)) {
-        PyErr_SetString(PyExc_TypeError, "ids: an int64 array is needed");
-        PyBuffer_Release(b);
-        return 0;
-    }
-    return 1;
 }
 
 static PyObject *window(PyObject *self, PyObject *args) {
@@ -709,12 +713,10 @@ static PyObject *window(PyObject *self, PyObject *args) {
     double offset, offset_min_p;
     Py_ssize_t keep;
     if (!PyArg_ParseTuple(args, "OddnO", &xo, &offset, &offset_min_p, &keep, &idso)) return NULL;
-    Py_buffer x, ids;
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!int64s(idso, &ids)) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[2];
+    const want asked[2] = {F32(xo, 0, "x"), I64(idso, 1, "ids")};
+    if (!take(b, asked, 2)) return NULL;
+    Py_buffer x = b[0], ids = b[1];
     Py_ssize_t cap = ids.len / (Py_ssize_t)sizeof(int64_t);
     if (cap > WINDOW_MAX) cap = WINDOW_MAX;
     Py_ssize_t count = -1;
@@ -736,8 +738,7 @@ static PyObject *window(PyObject *self, PyObject *args) {
             count = window_cut(xs, is, count, top, offset, offset_min_p, keep);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&x);
+    release(b, 2);
     if (!ok) return NULL;
     return Py_BuildValue("dn", (double)top, count);
 }
@@ -747,12 +748,10 @@ static PyObject *largest(PyObject *self, PyObject *args) {
     PyObject *xo, *idso;
     Py_ssize_t keep;
     if (!PyArg_ParseTuple(args, "OnO", &xo, &keep, &idso)) return NULL;
-    Py_buffer x, ids;
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!int64s(idso, &ids)) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[2];
+    const want asked[2] = {F32(xo, 0, "x"), I64(idso, 1, "ids")};
+    if (!take(b, asked, 2)) return NULL;
+    Py_buffer x = b[0], ids = b[1];
     Py_ssize_t cap = ids.len / (Py_ssize_t)sizeof(int64_t);
     if (cap > WINDOW_MAX) cap = WINDOW_MAX;
     Py_ssize_t count = -1;
@@ -766,8 +765,7 @@ static PyObject *largest(PyObject *self, PyObject *args) {
                             cap, &top, &dropped);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&x);
+    release(b, 2);
     if (!ok) return NULL;
     return Py_BuildValue("dnd", (double)top, count, (double)dropped);
 }
@@ -777,36 +775,17 @@ static PyObject *at_least(PyObject *self, PyObject *args) {
     PyObject *xo, *idso;
     float floor;
     if (!PyArg_ParseTuple(args, "OfO", &xo, &floor, &idso)) return NULL;
-    Py_buffer x, ids;
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!int64s(idso, &ids)) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[2];
+    const want asked[2] = {F32(xo, 0, "x"), I64(idso, 1, "ids")};
+    if (!take(b, asked, 2)) return NULL;
+    Py_buffer x = b[0], ids = b[1];
     Py_ssize_t count;
     Py_BEGIN_ALLOW_THREADS
     count = at_least_impl(x.buf, x.len / (Py_ssize_t)sizeof(float), floor, ids.buf,
                           ids.len / (Py_ssize_t)sizeof(int64_t));
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&x);
+    release(b, 2);
     return PyLong_FromSsize_t(count);
-}
-
-/* A C-contiguous buffer of `obj` with items of `size` bytes and a format among `formats`
- * (writable if asked), or 0 with an exception set. */
-static int typed(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t size,
-                 const char *formats, const char *what) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, b, flags)) return 0;
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (b->itemsize != size || strlen(f) != 1 || !strchr(formats, *f)) {
-        PyErr_Format(PyExc_TypeError, "%s is needed", what);
-        PyBuffer_Release(b);
-        return 0;
-    }
-    return 1;
 }
 
 static PyObject *filtered(PyObject *self, PyObject *args) {
@@ -818,23 +797,11 @@ static PyObject *filtered(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOddnddddpOO", &xo, &idso, &top, &t, &top_k, &top_p, &min_p,
                           &mass, &margin, &floored, &oido, &opo))
         return NULL;
-    Py_buffer x, ids, oid, op;
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!typed(idso, &ids, 0, 8, "lq", "ids: an int64 array")) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
-    if (!typed(oido, &oid, 1, 8, "lq", "out_ids: a writable int64 array")) {
-        PyBuffer_Release(&ids);
-        PyBuffer_Release(&x);
-        return NULL;
-    }
-    if (!typed(opo, &op, 1, 8, "d", "out_probs: a writable float64 array")) {
-        PyBuffer_Release(&oid);
-        PyBuffer_Release(&ids);
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[4];
+    const want asked[4] = {F32(xo, 0, "x"), I64(idso, 0, "ids"),
+                           I64(oido, 1, "out_ids"), F64(opo, "out_probs")};
+    if (!take(b, asked, 4)) return NULL;
+    Py_buffer x = b[0], ids = b[1], oid = b[2], op = b[3];
     Py_ssize_t m = ids.len / 8, n = x.len / (Py_ssize_t)sizeof(float);
     Py_ssize_t count = -1;
     int ok = m <= FILTER_MAX && oid.len >= ids.len && op.len >= ids.len && t > 0.0;
@@ -849,10 +816,7 @@ static PyObject *filtered(PyObject *self, PyObject *args) {
                             floored, oid.buf, op.buf);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&op);
-    PyBuffer_Release(&oid);
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&x);
+    release(b, 4);
     if (!ok) return NULL;
     if (count == -2) return PyErr_NoMemory();
     return PyLong_FromSsize_t(count);
@@ -867,23 +831,11 @@ static PyObject *head(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOnddfndOO", &xo, &colso, &slices, &top, &t, &floor,
                           &max_head, &guess, &idso, &wo))
         return NULL;
-    Py_buffer x, cols, ids, w;
-    if (!floats(xo, &x, 0, "x")) return NULL;
-    if (!floats(colso, &cols, 0, "cols")) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
-    if (!typed(idso, &ids, 1, 8, "lq", "ids: a writable int64 array")) {
-        PyBuffer_Release(&cols);
-        PyBuffer_Release(&x);
-        return NULL;
-    }
-    if (!typed(wo, &w, 1, 8, "d", "w: a writable float64 array")) {
-        PyBuffer_Release(&ids);
-        PyBuffer_Release(&cols);
-        PyBuffer_Release(&x);
-        return NULL;
-    }
+    Py_buffer b[4];
+    const want asked[4] = {F32(xo, 0, "x"), F32(colso, 0, "cols"),
+                           I64(idso, 1, "ids"), F64(wo, "w")};
+    if (!take(b, asked, 4)) return NULL;
+    Py_buffer x = b[0], cols = b[1], ids = b[2], w = b[3];
     Py_ssize_t n = x.len / 4, width = cols.len / 4, cap = ids.len / 8;
     if (w.len / 8 < cap) cap = w.len / 8;
     int ok = slices >= 1 && width >= 1 && slices * width <= n && n - slices * width < slices
@@ -900,10 +852,7 @@ static PyObject *head(PyObject *self, PyObject *args) {
                           ids.buf, w.buf, &heads, &rest, &exact);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&w);
-    PyBuffer_Release(&ids);
-    PyBuffer_Release(&cols);
-    PyBuffer_Release(&x);
+    release(b, 4);
     if (!ok) return NULL;
     return Py_BuildValue("nddd", count, heads, rest, exact);
 }

@@ -222,13 +222,20 @@ def _near_ties(x: np.ndarray, k: int, t: float, top: float, ids: np.ndarray,
     ``listed_from``): the k largest logits and every logit whose weight can round onto the
     k-th's (within the same margin), or ``None`` where the list may miss some of those."""
     values = x[ids]
-    kth = float(np.partition(values, ids.size - k)[ids.size - k])
-    if (kth - top) / t < -700.0:  # subnormal weights tie over wide ranges of logits
-        return None
-    floor = kth - 1e-9 * (t + abs(kth) + abs(top))
-    if np.float32(floor) < listed_from:
+    floor = _tie_floor(float(np.partition(values, ids.size - k)[ids.size - k]), top, t)
+    if floor is None or np.float32(floor) < listed_from:
         return None
     return ids[values >= np.float32(floor)]
+
+
+def _tie_floor(kth: float, top: float, t: float) -> float | None:
+    """A logit below which no weight at temperature ``t`` can round onto that of ``kth`` (a
+    k-th largest logit, or a bound below it): ``None`` where weights are subnormal and tie
+    over wide ranges of logits."""
+    if (kth - top) / t < -700.0:
+        return None
+    # (float64's (x - top) / t and exp merge logits ~1e-15 apart, relative to these)
+    return kth - 1e-9 * (t + abs(kth) + abs(top))
 
 
 def _ids_at_least(x: np.ndarray, floor: float, cap: int) -> np.ndarray | None:
@@ -475,10 +482,8 @@ class _Maxima:
         if k > self.cols.size:
             return _top_candidates(self.x, k)[0]
         kth = float(np.partition(self.cols, self.cols.size - k)[self.cols.size - k])
-        if (kth - self.top) / t < -700.0:  # subnormal weights tie over wide ranges of logits
-            return _top_candidates(self.x, k)[0]
-        # (float64's (x - top) / t and exp merge logits ~1e-15 apart, relative to these)
-        return self.at_least(kth - 1e-9 * (t + abs(kth) + abs(self.top)))
+        floor = _tie_floor(kth, self.top, t)
+        return _top_candidates(self.x, k)[0] if floor is None else self.at_least(floor)
 
 
 def _row_max(x: np.ndarray, maxima: _Maxima | None) -> float:
