@@ -222,6 +222,49 @@ def test_largest_lists_every_value_from_a_hair_below_the_keep_th(size, keep):
 
 
 @needs_rows
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("keep", [1, 5, 40])
+@pytest.mark.parametrize("t", [0.8, 1e-3, 1e-9])
+def test_largest_with_a_temperature_cuts_to_top_ids_near_ties(size, keep, t):
+    # the same set as the column maxima's top_ids (the k largest and every logit whose
+    # float64 weight may round onto the k-th's), or -2 where the list may miss one of those
+    rows = _window_rows(size)
+    near = rows["bulk"].copy()
+    if size > keep:  # logits a float32 step or two below the keep-th: inside 1e-9 or not
+        kth = np.sort(near)[size - keep]
+        near[: min(4, size)] = np.nextafter(kth, np.float32(-np.inf))
+        near[-1] = np.nextafter(near[0], np.float32(-np.inf))
+    rows["near"] = near
+    for name, x in rows.items():
+        if size <= keep:
+            continue
+        ids = np.full(keep + 192, -1, np.int64)
+        top, count, floor = ROWS.largest(x, keep, ids, t)
+        if count == -1:  # ties fill the list (the max is moot then): as without t
+            assert ROWS.largest(x, keep, ids)[1] == -1, name
+            continue
+        assert top == float(x.max()), name
+        if count == -2:  # only where the margin leaves the listed range or weights underflow
+            kth = float(np.sort(x)[size - keep])
+            margin = sampling._tie_floor(kth, top, t)
+            assert margin is None or np.float32(margin) < floor, name
+            continue
+        want = _top_ids_reference(x, keep, t, top)
+        if want is None:  # subnormal weights: top_ids takes another path
+            pytest.fail(f"{name}: cut where top_ids would not be")
+        np.testing.assert_array_equal(ids[:count], want, err_msg=name)
+        assert floor == float(np.float32(sampling._tie_floor(
+            float(np.sort(x)[size - keep]), top, t))), name
+
+
+def _top_ids_reference(x: np.ndarray, k: int, t: float, top: float) -> np.ndarray | None:
+    """_Maxima.top_ids's set, from a sort: ids of the logits at or above the k-th largest
+    less _tie_floor's margin (None where that has none)."""
+    floor = sampling._tie_floor(float(np.sort(x)[x.size - k]), top, t)
+    return None if floor is None else np.flatnonzero(x >= np.float32(floor))
+
+
+@needs_rows
 def test_window_says_nan_and_needs_room():
     x = np.random.default_rng(0).normal(size=4096).astype(np.float32)
     x[3000] = np.nan

@@ -23,9 +23,11 @@
  * - window(x, offset, offset_min_p, keep, ids) -> (top, count):
  *     a draft's window in one read: the row's max (NaN if it holds one), and the ids,
  *     ascending, of its `keep` largest values (ties in) at or above its floor.
- * - largest(x, keep, ids) -> (top, count, floor):
+ * - largest(x, keep, ids, t=0) -> (top, count, floor):
  *     top-k's candidates in one read: every value at or above `floor`, which the pass keeps
- *     at most a hair (1e-6 relative) below the keep-th largest.
+ *     at most a hair (1e-6 relative) below the keep-th largest; with a temperature t, cut
+ *     to the keep largest and their near-ties (sampling._Maxima.top_ids's set; count -2
+ *     where the list may miss some).
  * - at_least(x, floor, ids) -> int:
  *     the ids of the values >= floor (a float32), ascending, written into the int64 buffer
  *     `ids`, and their count; len(ids) + 1 if more reach it (the scan then stops there):
@@ -743,11 +745,43 @@ static PyObject *window(PyObject *self, PyObject *args) {
     return Py_BuildValue("dn", (double)top, count);
 }
 
+/* sampling._Maxima.top_ids's near-tie cut on window_impl's list (every value at or above
+ * `dropped`, which is at most a hair below the keep-th largest): the keep largest and every
+ * value whose float64 weight at temperature t may round onto the keep-th's, those at or above
+ * tie = kth - 1e-9 * (t + |kth| + |top|) (sampling._tie_floor's arithmetic, in its order).
+ * Returns the new count and sets *floor to float32(tie); -2 where the list may miss some: a
+ * tie floor below `dropped`, or weights so small (subnormal) that ties span wide ranges. */
+static Py_ssize_t tie_cut(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
+                          double t, float top, float dropped, float *floor) {
+    float vals[WINDOW_MAX];
+    if (count < keep || count > WINDOW_MAX) return -2; /* (never with a finite max) */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+    for (Py_ssize_t j = 0; j < count; j++) vals[j] = x[ids[j]];
+    double kth = kth_largest(vals, count, keep);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+    if ((kth - top) / t < -700.0) return -2;
+    /* (volatile: no fused multiply-add, which would round otherwise than Python does) */
+    volatile double margin = 1e-9 * (t + fabs(kth) + fabs((double)top));
+    float tie = (float)(kth - margin);
+    if (tie < dropped) return -2;
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < count; j++)
+        if (x[ids[j]] >= tie) ids[kept++] = ids[j];
+    *floor = tie;
+    return kept;
+}
+
 static PyObject *largest(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *idso;
     Py_ssize_t keep;
-    if (!PyArg_ParseTuple(args, "OnO", &xo, &keep, &idso)) return NULL;
+    double t = 0.0;
+    if (!PyArg_ParseTuple(args, "OnO|d", &xo, &keep, &idso, &t)) return NULL;
     Py_buffer b[2];
     const want asked[2] = {F32(xo, 0, "x"), I64(idso, 1, "ids")};
     if (!take(b, asked, 2)) return NULL;
@@ -756,13 +790,16 @@ static PyObject *largest(PyObject *self, PyObject *args) {
     if (cap > WINDOW_MAX) cap = WINDOW_MAX;
     Py_ssize_t count = -1;
     float top = NAN, dropped = -INFINITY;
-    int ok = keep >= 1 && cap >= keep + 8 * W * 2;
+    int ok = keep >= 1 && cap >= keep + 8 * W * 2 && t >= 0.0;
     if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "largest: keep >= 1 and room in ids for keep + 128");
+        PyErr_SetString(PyExc_ValueError,
+                        "largest: keep >= 1, room in ids for keep + 128, and t >= 0");
     } else {
         Py_BEGIN_ALLOW_THREADS
         count = window_impl(x.buf, x.len / (Py_ssize_t)sizeof(float), -INFINITY, keep, ids.buf,
                             cap, &top, &dropped);
+        if (t > 0.0 && count >= 0 && isfinite(top))
+            count = tie_cut(x.buf, ids.buf, count, keep, t, top, dropped, &dropped);
         Py_END_ALLOW_THREADS
     }
     release(b, 2);
@@ -871,9 +908,11 @@ static PyMethodDef methods[] = {
      "values (ties in) at or above float32(max(float32(top + offset), top + offset_min_p)); "
      "count -1 if ties fill half of ids"},
     {"largest", largest, METH_VARARGS,
-     "largest(x, keep, ids) -> (top, count, floor): the max of x (NaN if it holds one) and the "
-     "ids, ascending, of every value at or above floor, which is at most the keep-th largest "
-     "less 1e-6 of it (count -1 if ties there fill half of ids)"},
+     "largest(x, keep, ids, t=0) -> (top, count, floor): the max of x (NaN if it holds one) "
+     "and the ids, ascending, of every value at or above floor, which is at most the keep-th "
+     "largest less 1e-6 of it (count -1 if ties there fill half of ids); t > 0: floor is "
+     "the keep-th largest less sampling._tie_floor's margin at temperature t (count -2 where "
+     "the list may miss a value at that floor)"},
     {"at_least", at_least, METH_VARARGS,
      "at_least(x, floor, ids) -> int: the ids of the values of x >= floor (as a float32), "
      "ascending, into the int64 array ids, and their count; len(ids) + 1 (and a stop) if "

@@ -15,8 +15,9 @@ compiled module does each in one pass:
   descending order of ``x``, ties to the lowest id;
 - ``window(x, offset, keep, ids) -> (top, count)``: a draft row's max and a superset of its
   ``keep`` largest logits at ``max + offset`` or above, in one read;
-- ``largest(x, keep, ids) -> (top, count, floor)``: a row's max and top-k's candidates
-  (every logit from a hair below the ``keep``-th largest), in one read;
+- ``largest(x, keep, ids, t=0) -> (top, count, floor)``: a row's max and top-k's candidates
+  (every logit from a hair below the ``keep``-th largest), in one read; with a temperature,
+  cut in the same call to the ``keep`` largest and their near-ties (``_Maxima.top_ids``);
 - ``at_least(x, floor, ids) -> int``: the ids of the logits at a floor (compare and
   ``nonzero`` in one read);
 - ``head(x, cols, slices, top, t, floor, max_head, guess, ids, w)``: a row's head and the sums

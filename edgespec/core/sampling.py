@@ -100,7 +100,8 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
         top = float(x[i])
     else:
         k = params.top_k if 0 < params.top_k < x.size else 0
-        listed = _largest(x, k) if k else None  # (compiled: the max and top-k's candidates)
+        # (compiled: the max and top-k's candidates in one read)
+        listed = _largest(x, k, params.temperature) if k else None
         if listed is not None:
             top, largest, maxima = listed[0], listed[1], None
         else:
@@ -117,9 +118,7 @@ def distribution(logits: np.ndarray, params: SamplingParams, n_vocab: int | None
         return OneHot(i, n)
     t = params.temperature
     if k:
-        ids = _near_ties(x, k, t, top, *largest) if largest is not None else None
-        if ids is None:
-            ids = _top_ids(x, k, t, maxima)
+        ids = largest if largest is not None else _top_ids(x, k, t, maxima)
     elif params.top_p < 1.0:
         return _nucleus(x, top, params, n, maxima)
     elif params.min_p > 0.0:
@@ -202,30 +201,20 @@ _WINDOW_SLACK = 192
 _WINDOW_MAX = 4096
 
 
-def _largest(x: np.ndarray, k: int) -> tuple[float, tuple[np.ndarray, float] | None] | None:
+def _largest(x: np.ndarray, k: int, t: float) -> tuple[float, np.ndarray | None] | None:
     """The row's max (NaN if it holds one) and, from the compiled pass, the ids (ascending)
-    of its logits at or above a floor at most a hair below the k-th largest, with that
-    floor: ``(top, (ids, floor))``, or ``(top, None)`` if ties there filled the pass's list;
-    ``None`` where the pass is not built or does not take ``x``."""
+    of its k largest logits and every logit whose weight at temperature ``t`` can round onto
+    the k-th's (:meth:`_Maxima.top_ids`'s set, cut in the same call by :func:`_tie_floor`'s
+    arithmetic): ``(top, ids)``, or ``(top, None)`` where the pass's list may miss some of
+    those (ties filling it, or subnormal weights); ``None`` where the pass is not built or
+    does not take ``x``."""
     if _ROWS is None or not _floats(x) or k + _WINDOW_SLACK > _WINDOW_MAX:
         return None
     ids = np.empty(k + _WINDOW_SLACK, np.int64)
-    top, count, floor = _ROWS.largest(x, k, ids)
-    if count < 0:
+    top, count, _ = _ROWS.largest(x, k, ids, t)
+    if count == -1:  # (the max is moot there: ties filled the list before its end)
         return float(np.max(x)), None
-    return top, (ids[:count], floor)
-
-
-def _near_ties(x: np.ndarray, k: int, t: float, top: float, ids: np.ndarray,
-               listed_from: float) -> np.ndarray | None:
-    """:meth:`_Maxima.top_ids` from :func:`_largest`'s list (``ids``: every logit at or above
-    ``listed_from``): the k largest logits and every logit whose weight can round onto the
-    k-th's (within the same margin), or ``None`` where the list may miss some of those."""
-    values = x[ids]
-    floor = _tie_floor(float(np.partition(values, ids.size - k)[ids.size - k]), top, t)
-    if floor is None or np.float32(floor) < listed_from:
-        return None
-    return ids[values >= np.float32(floor)]
+    return top, (ids[:count] if count >= 0 else None)
 
 
 def _tie_floor(kth: float, top: float, t: float) -> float | None:
