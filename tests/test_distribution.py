@@ -456,10 +456,11 @@ def test_a_flat_row_skips_the_candidates(monkeypatch):
 
 @pytest.mark.parametrize("top", [14.0, 20.0])
 def test_a_row_judged_flat_wrongly_still_gets_its_exact_nucleus(top, monkeypatch):
-    # every row judged flat: a confident one then takes the flat path (its cut among the few
-    # heaviest tokens, where the sample has none: the bins) and must still be exact
-    monkeypatch.setattr(sampling, "_FLAT_FACTOR", 0.0)
+    # every row taken as flat (no head, and the columns of its wide head left unlisted): a
+    # confident one then takes the flat path (its cut among the few heaviest tokens) and
+    # must still be exact
     monkeypatch.setattr(sampling, "_MAX_HEAD", 0)  # (no confident row decided by its head)
+    monkeypatch.setattr(sampling, "_WIDE_HEAD", 0)  # (nor by the columns that reach it)
     row = vocab_row(top=top)
     params = SamplingParams(temperature=0.8, top_p=0.95)
     got = distribution(row, params)
@@ -891,6 +892,42 @@ def test_a_row_whose_bulk_moves_the_cut_takes_its_nucleus_from_its_head(monkeypa
     assert isinstance(got, Sparse) and calls == [1]
     monkeypatch.undo()
     assert_same(row, params)
+
+
+@pytest.mark.parametrize("wide, top_p, listed", [(200, 0.95, True), (200, 0.4, True),
+                                                 (90, 0.95, True), (600, 0.95, False),
+                                                 (0, 0.95, False), (0, 0.3, False)])
+def test_a_wide_head_takes_one_exact_pass_and_no_candidate_search(wide, top_p, listed,
+                                                                  monkeypatch):
+    # more columns reach the head's weight (1e-4 of the top token's) than it lists: `wide`
+    # tokens at ~1e-3 of the top one, in as many columns, hold a nucleus of some of them
+    # over a light bulk (Sparse, listed from those columns, up to _WIDE_HEAD of them; past
+    # that, kept as the flat row's); with none (wide=0), a flat row (top 9: the bulk holds
+    # most of the mass), its nucleus dense
+    params = SamplingParams(temperature=0.8, top_p=top_p)
+    rng = np.random.default_rng(wide)
+    if wide:
+        row = rng.normal(-20.0, 2.0, 151_936).astype(np.float32)
+        row[rng.choice(151_936 // 64, wide, replace=False) * 64 + 5] = (
+            14.0 - 0.8 * 7.0 + rng.uniform(-0.5, 0.5, wide).astype(np.float32))
+        row[1000] = 14.0
+    else:
+        row = vocab_row(top=9.0)
+    maxima = sampling._Maxima.of(row)
+    assert sampling._head(maxima, maxima.top, 0.8, loose=True) is None  # (a wide head)
+    calls = []
+    dense = sampling._dense
+    monkeypatch.setattr(sampling, "_dense", lambda *a, **k: calls.append(1) or dense(*a, **k))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("candidates sought for a wide head")
+
+    monkeypatch.setattr(sampling, "_top_candidates", refuse)
+    got = distribution(row, params)
+    assert calls == [1]
+    assert isinstance(got, Sparse) == listed, type(got)
+    monkeypatch.undo()
+    assert_same(row, params, rtol=1e-9 if listed else 1e-5)
 
 
 @pytest.mark.skipif(sampling._ROWS is None, reason="the row passes are not compiled here")

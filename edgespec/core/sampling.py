@@ -501,21 +501,13 @@ def _top_ids(x: np.ndarray, k: int, t: float, maxima: _Maxima | None) -> np.ndar
     return _top_candidates(x, k)[0] if maxima is None else maxima.top_ids(k, t)
 
 
-def _top_candidates(x: np.ndarray, k: int,
-                    flat: tuple[float, float, float] | None = None
-                    ) -> tuple[np.ndarray, float] | None:
+def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
     """Ids of a superset of the k largest logits (all ids tied with the k-th included), and a
     floor every other logit is below (``-inf`` when the ids are the whole row).
 
     The threshold is guessed from a strided sample of the row (its value of rank ~4k + 16 when
     scaled up), then checked: at least k ids at or above it, else a guess 4x deeper in the
     sample, and the whole row only when the sample runs out.
-
-    ``flat``: ``(top, T, share)``: first judge from the sample whether the tokens below the
-    guess hold more than ``share`` of the row's weight, and if they do, return ``None`` without
-    a pass over the row (a top-p nucleus then reaches far past the candidates: they are not
-    worth finding). A guess that only steers the work: a row judged wrongly either way still
-    gets its exact result, at the cost of the other path.
     """
     stride = max(1, x.size // 4096)
     sample_ = x[::stride]
@@ -524,12 +516,9 @@ def _top_candidates(x: np.ndarray, k: int,
     while rank < sample_.size:
         # (k = 40 in a 152k row is rank 5 of the sample: the count above it is ~Gamma(5, 37),
         # under 40 for ~0.5% of rows, and the whole row's sort then costs ~18 ms)
-        first = part is None
-        if first:
+        if part is None:
             part = sample_.copy()  # (array methods: NumPy's function wrappers cost µs a call)
         part.partition(sample_.size - rank)
-        if first and flat is not None and _looks_flat(part, sample_.size - rank, stride, *flat):
-            return None
         guess = part[sample_.size - rank]
         # (the rank scaled up: the ids expected at or above the guess; 4x that, a margin)
         ids = _ids_at_least(x, guess, 4 * rank * stride)
@@ -539,39 +528,6 @@ def _top_candidates(x: np.ndarray, k: int,
             return ids, float(guess)
         rank *= 4
     return np.arange(x.size), -math.inf
-
-
-#: a row is judged flat when the sample puts more than this many times top-p's tail share of
-#: the weight below the candidates (the sample misses the few heaviest tokens but the top one,
-#: so it overstates that share on a confident row: the factor keeps those off the flat path)
-_FLAT_FACTOR = 1.5
-
-
-def _looks_flat(part: np.ndarray, cut: int, stride: int, top: float, t: float,
-                share: float) -> bool:
-    """Whether the sample ``part`` (partitioned at ``cut``: the candidates' guess) puts more
-    than ``share`` of the row's weight below the guess."""
-    if stride < 8:  # a short row: its candidates are cheap
-        return False
-    def weight(values: np.ndarray) -> float:
-        # (NumPy's exp, not ggml's kernel: on ~1,000 values its call costs more than the exp)
-        v = values - np.float32(top)
-        v *= np.float32(1.0 / t)
-        np.exp(v, out=v)
-        return float(v.sum())
-
-    with np.errstate(under="ignore", over="ignore"):
-        # no row can be flat whose every token below the guess weighing as much as the guess
-        # (the top token weighs 1) leaves the share unreached: a confident row, judged free
-        if cut * stride * math.exp(min((float(part[cut]) - top) / t, 700.0)) <= share:
-            return False
-        # the weight below the guess from every 4th of the sample's values there (~1,000:
-        # its exp costs less than the calls around it), the weight above from all of them
-        below = weight(part[:cut:4]) * 4 * stride
-        above = weight(part[cut:]) * stride
-    # the top token's weight (1) counts once, as the whole row's heaviest: the sample has it
-    # only by chance
-    return below > share * (below + above + 1.0)
 
 
 def _scaled_exp(values: np.ndarray, top: float, t: float) -> np.ndarray:
@@ -712,6 +668,10 @@ def _precise_total(dense: Dense, ids: np.ndarray, w: np.ndarray) -> float:
     return float(w.sum()) + max(rest, 0.0)
 
 
+#: a wide head's tokens (those above the head's weight) are listed from up to this many
+#: columns, for a nucleus they may hold
+_WIDE_HEAD = 256
+
 #: top-p on a wide row first looks for its nucleus among (a superset of) this many most
 #: likely tokens: a confident row's nucleus is there even when its tail is long
 _NUCLEUS_GUESS = 256
@@ -745,6 +705,18 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int,
                 # the nucleus is a prefix of the head's order (every token above a weight)
                 return _filtered(x, top, ids, params, d, n, w)
             return _flat_nucleus(x, d, top, params, n)
+        # A wide head (more columns reach the head's weight than it lists): the search for
+        # candidates below never placed such a row's cut (none of the generated pool's 43
+        # such rows of 97, nor the default pair's 6), and its sample costs most of an exact
+        # pass. That pass, then the tokens above the head's weight where they hold the
+        # nucleus, else the flat row's.
+        d = _dense(x, top, t, n, precise=True)
+        ids = maxima.at_least(top + t * _HEAD_LOG, _WIDE_HEAD) if _WIDE_HEAD else None
+        if ids is not None and ids.size <= _FILTER_MAX:
+            w = _weights(x, ids, top, t)
+            if w.sum() >= params.top_p * d.total * (1 + _TOTAL_ERR):
+                return _filtered(x, top, ids, params, d, n, w)
+        return _flat_nucleus(x, d, top, params, n)
     ids, w, order = None, None, None  # candidates whose weights (and order) were computed
     minp_ids = None
     if params.min_p > 0.0:
@@ -761,9 +733,7 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int,
     # that a wider candidate set rarely does)
     cands = None
     if minp_ids is None or minp_ids.size > _MAX_CANDIDATES:
-        # (no flat guess with min-p: its own support's bound has just been tried)
-        share = min(_FLAT_FACTOR * (1.0 - params.top_p), 1.0)
-        cands = _top_candidates(x, _NUCLEUS_GUESS, (top, t, share) if minp_ids is None else None)
+        cands = _top_candidates(x, _NUCLEUS_GUESS)
     if cands is not None:
         ids, floor = cands
         if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
