@@ -256,12 +256,9 @@ static float kth_largest(float *v, Py_ssize_t m, Py_ssize_t k) {
 
 #define WINDOW_MAX 4096
 
-/* Keeps the listed ids whose value is at least the keep-th largest of theirs (ties in),
- * in order; raises *floor to that value. Returns the new count. */
-static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
-                          float *floor, int slack) {
+/* The keep-th largest of the listed ids' values (1 <= keep <= count <= WINDOW_MAX). */
+static float listed_kth(const float *x, const int64_t *ids, Py_ssize_t count, Py_ssize_t keep) {
     float vals[WINDOW_MAX];
-    if (count < keep || count > WINDOW_MAX) return count; /* (never: the list is full) */
     /* (GCC cannot see that the first `count` values, all that kth_largest reads, are set) */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -272,15 +269,29 @@ static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssi
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+    return kth;
+}
+
+/* Keeps the listed ids whose value is at least `floor`, in order. Returns the new count. */
+static Py_ssize_t keep_listed(const float *x, int64_t *ids, Py_ssize_t count, float floor) {
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < count; j++)
+        if (x[ids[j]] >= floor) ids[kept++] = ids[j];
+    return kept;
+}
+
+/* Keeps the listed ids whose value is at least the keep-th largest of theirs (ties in),
+ * in order; raises *floor to that value. Returns the new count. */
+static Py_ssize_t compact(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
+                          float *floor, int slack) {
+    if (count < keep || count > WINDOW_MAX) return count; /* (never: the list is full) */
+    float kth = listed_kth(x, ids, count, keep);
     /* slack: lowered by 1e-6 of the value (and of 1), so that logits within a hair of the
      * keep-th largest stay listed (top-k's caller adds those whose float64 weight may round
      * onto the keep-th's, within 1e-9 of it) */
     if (slack) kth -= 1e-6f * (1.0f + fabsf(kth));
     if (kth > *floor) *floor = kth;
-    Py_ssize_t kept = 0;
-    for (Py_ssize_t j = 0; j < count; j++)
-        if (x[ids[j]] >= *floor) ids[kept++] = ids[j];
-    return kept;
+    return keep_listed(x, ids, count, *floor);
 }
 
 /* m + offset, lowered by ~8 float32 steps of the larger: never above the caller's floor,
@@ -753,27 +764,15 @@ static PyObject *window(PyObject *self, PyObject *args) {
  * tie floor below `dropped`, or weights so small (subnormal) that ties span wide ranges. */
 static Py_ssize_t tie_cut(const float *x, int64_t *ids, Py_ssize_t count, Py_ssize_t keep,
                           double t, float top, float dropped, float *floor) {
-    float vals[WINDOW_MAX];
     if (count < keep || count > WINDOW_MAX) return -2; /* (never with a finite max) */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-    for (Py_ssize_t j = 0; j < count; j++) vals[j] = x[ids[j]];
-    double kth = kth_largest(vals, count, keep);
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+    double kth = listed_kth(x, ids, count, keep);
     if ((kth - top) / t < -700.0) return -2;
     /* (volatile: no fused multiply-add, which would round otherwise than Python does) */
     volatile double margin = 1e-9 * (t + fabs(kth) + fabs((double)top));
     float tie = (float)(kth - margin);
     if (tie < dropped) return -2;
-    Py_ssize_t kept = 0;
-    for (Py_ssize_t j = 0; j < count; j++)
-        if (x[ids[j]] >= tie) ids[kept++] = ids[j];
     *floor = tie;
-    return kept;
+    return keep_listed(x, ids, count, tie);
 }
 
 static PyObject *largest(PyObject *self, PyObject *args) {
