@@ -874,20 +874,27 @@ def test_a_tie_at_the_top_p_cut_goes_to_the_lowest_ids_on_the_dense_path():
     assert np.flatnonzero(got).tolist() == [0, 1, 2, 9]
 
 
+def _count_dense_refuse_candidates(monkeypatch, why: str) -> list:
+    """Patch the sampler so that each whole-row pass (``_dense``) appends to the list returned
+    and a search for top-p's candidates fails the test with ``why``."""
+    calls: list = []
+    dense = sampling._dense
+    monkeypatch.setattr(sampling, "_dense", lambda *a, **k: calls.append(1) or dense(*a, **k))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(why)
+
+    monkeypatch.setattr(sampling, "_top_candidates", refuse)
+    return calls
+
+
 def test_a_row_whose_bulk_moves_the_cut_takes_its_nucleus_from_its_head(monkeypatch):
     # top 15: the nucleus is a few of the planted tokens, but the bulk's weight (~2% of the
     # row's) decides which: one exact total (a pass over the row) places the cut among the
     # head's tokens, with no candidates sought and nothing sorted beyond the head
     params = SamplingParams(temperature=0.8, top_p=0.95)
     row = vocab_row(top=15.0)
-    calls = []
-    dense = sampling._dense
-    monkeypatch.setattr(sampling, "_dense", lambda *a, **k: calls.append(1) or dense(*a, **k))
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("candidates sought past the head")
-
-    monkeypatch.setattr(sampling, "_top_candidates", refuse)
+    calls = _count_dense_refuse_candidates(monkeypatch, "candidates sought past the head")
     got = distribution(row, params)
     assert isinstance(got, Sparse) and calls == [1]
     monkeypatch.undo()
@@ -915,14 +922,7 @@ def test_a_wide_head_takes_one_exact_pass_and_no_candidate_search(wide, top_p, l
         row = vocab_row(top=9.0)
     maxima = sampling._Maxima.of(row)
     assert sampling._head(maxima, maxima.top, 0.8, loose=True) is None  # (a wide head)
-    calls = []
-    dense = sampling._dense
-    monkeypatch.setattr(sampling, "_dense", lambda *a, **k: calls.append(1) or dense(*a, **k))
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("candidates sought for a wide head")
-
-    monkeypatch.setattr(sampling, "_top_candidates", refuse)
+    calls = _count_dense_refuse_candidates(monkeypatch, "candidates sought for a wide head")
     got = distribution(row, params)
     assert calls == [1]
     assert isinstance(got, Sparse) == listed, type(got)
