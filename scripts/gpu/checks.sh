@@ -7,13 +7,16 @@
 # log.txt (as it runs) and r.tgz (after each section), within the tool's 8-file limit. A command
 # past its cap gets SIGINT first, so bench and verify still write what they measured.
 #
-# How it went on 2026-11-26 (H200, 15 minutes of device time in all): `bash ../shared/gpu/pack.sh
-# default` here, then the first 58.68 MB of the joined model files moved into .gpu/p00 (so .gpu and
-# a piece travel together) and the rest re-split into 24 pieces of 65,011,712 bytes; run 1 (carry
-# .gpu): `mkdir -p /tmp/w/parts && mv .gpu/p00 /tmp/w/parts/00 && bash .gpu/build.sh start`
-# (32 s with the machine's start); runs 2-25 (carry .gpuNN): `mv .gpuNN/p /tmp/w/parts/NN`, about
-# 5 s each, back to back; run 26: this script with 585 s (it waits for the build, ~5 min from
-# run 1). All pieces were in after 165 s of device time, and this script took 385 s.
+# How it went on 2026-11-27 (H100, 15 minutes of device time in all): `bash ../shared/gpu/pack.sh
+# default` here, then the first 58,683,392 bytes of the joined model files moved into .gpu/p00
+# (so .gpu and a piece travel together: 65.0 MB with the tree) and the rest re-split into 24
+# pieces of 65,011,712 bytes (.gpu01-.gpu24); run 1 (carry .gpu): `mkdir -p /tmp/w/parts &&
+# mv .gpu/p00 /tmp/w/parts/00 && bash .gpu/build.sh start` (35 s with the machine's start);
+# runs 2-25 (carry .gpuNN): `mv .gpuNN/p /tmp/w/parts/NN`, 4-5 s each, issued back to back in
+# one batch of tool calls; run 26: this script with 585 s (timeout_s 600). All pieces were in
+# after 164 s of device time (the build at 114 of 350 steps); this script waited 188 s for the
+# build and then ran every section in 250 s (438 s in all), which left ~290 s for follow-ups
+# on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s).
 set -u
 BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
 OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
@@ -69,28 +72,25 @@ print('preload:', edgespec.PRELOAD)
 e = Engine.load('$T', '$D', n_gpu_layers=-1, draft_n_gpu_layers=-1)
 print('LOADED numpy-first engine')"
 
-section "2 the cost of changing width: t(k) interleaved against repeated, and auto's calibration"
-TAIL=30 run 90 sweep $ES bench $GPU --sweep --no-runs --json "$R/sweep.json"
-python3 -c "import json; print('calibration:', json.load(open('$R/sweep.json'))['machine'].get('calibration'))" 2>/dev/null
-
-section "3 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
+section "2 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
 TAIL=70 run 240 bench_greedy $ES bench $GPU -r 2 $ANCH --json "$R/bench_greedy.json" --plot "$R/bench_greedy.png"
 
-section "4 the exact mode: verify, and what it costs (issue 12)"
-TAIL=20 run 150 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
-TAIL=40 run 120 bench_exact $ES bench $GPU -r 2 --exact --drafters none,auto,hybrid --json "$R/bench_exact.json" --plot "$R/bench_exact.png"
+section "3 where auto loses to none: auto against variants of its policy, one engine (issue 11)"
+TAIL=25 run 120 auto_variants python3 scripts/gpu/auto_variants.py "$T" "$D" --ngl -1 -r 3 --json "$R/auto_variants.json"
 
-section "5 sampled: the device window against whole rows (issue 10 on a GPU)"
-# the host work of the GPU path on this machine's CPU (no model: a synthetic one), then the real
-TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
+section "4 sampled, after the hot-loop work (issue 10 on a GPU)"
 if [ "$SELF" = 0 ]; then
-  TAIL=30 run 100 bench_t08_window $ES bench $GPU -r 1 --temperature 0.8 --seed 1 --drafters none,model,hybrid,auto --json "$R/bench_t08_window.json" --plot "$R/w.png"
+  TAIL=30 run 100 bench_t08 $ES bench $GPU -r 1 --temperature 0.8 --seed 1 --drafters none,model,hybrid,auto --json "$R/bench_t08.json" --plot "$R/t08.png"
 fi
 
-section "6 batch consistency by width, and a narrower exact width"
-TAIL=30 run 90 batch_consistency python3 scripts/batch_consistency.py "$T" --ngl -1 --widths 2,4,8,16,32
-TAIL=40 run 120 bench_fixed4 $ES bench $GPU -r 2 --fixed-width 4 --drafters none,auto,hybrid --json "$R/bench_fixed4.json" --plot "$R/bench_fixed4.png"
+section "5 the cost of changing width: t(k) interleaved against repeated, and auto's calibration"
+TAIL=30 run 90 sweep $ES bench $GPU --sweep --no-runs --json "$R/sweep.json"
+
+section "6 exactness: greedy verify in the exact mode and the batch-dependent default (issue 12)"
+TAIL=20 run 150 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
 TAIL=20 run 120 verify_greedy_batchdep $ES verify $GPU --temperature 0
-TAIL=30 run 150 verify_sampling_exact $ES verify $GPU --no-greedy --samples 200 --exact
+
+section "7 host work of the loop on this machine's CPU (synthetic model)"
+TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
 
 section "done"; pack
