@@ -225,6 +225,11 @@ class CostCurve:
             seconds = max(seconds - self.switch_penalty, 1e-6)
         if self.width:
             n, seconds = self.width, seconds / self._calls(n)
+        # One call counts at most OUTLIER times what the curve says: a stalled call (seen on
+        # a GPU: 17-25 ms for a 3-token call that costs ~3) must not become a point by itself;
+        # a real slow-down still shows within a few calls. Faster is taken as measured (a
+        # call cannot run faster than the machine does: the curve was pessimistic).
+        seconds = min(seconds, self(n) * OUTLIER)
         if n in self.points:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
@@ -236,6 +241,9 @@ class CostCurve:
             self._times = np.array([self.points[m] for m in self._ns])
             self._weights = None
 
+
+#: the most one observed call may differ from the curve, as a factor (CostCurve.observe)
+OUTLIER = 2.0
 
 #: rows of the cached weight matrix: t(0) .. t(64), the longest draft (+ 1) the CLI allows
 _TABLE_ROWS = 66

@@ -83,6 +83,126 @@ class CostEstimate:
         self.seconds += self.weight * (seconds - self.seconds)
 
 
+def settle_charge(penalty: float, last_shape: int | None, last_run: int) -> float:
+    """Penalties plain decoding still pays from here until its calls replay a graph: none once
+    two plain calls ran in a row, one after a single plain call (its second call captures the
+    graph), two after any other width (a call without a graph, then the capture)."""
+    if last_shape == 1:
+        return 0.0 if last_run >= 2 else penalty if last_run == 1 else 2.0 * penalty
+    return 2.0 * penalty
+
+
+def switch_charges(penalty: float, n: int, last_shape: int | None,
+                   last_run: int) -> tuple[np.ndarray, float]:
+    """Extra seconds a round of k = 1 .. n drafts costs on a target whose calls pay ``penalty``
+    unless they are the third or later of their width in a row (CUDA graphs in the vendored
+    llama.cpp: one graph per context, captured on the second call of a width and replayed
+    from the third), after ``last_run`` calls of width ``last_shape``, as two parts:
+
+    - its own call (array over k): P unless it continues a settled run of its width k + 1;
+    - the way back (one number): the round leaves plain decoding two penalties to settle (a
+      call of a new width, then the capture), where plain decoding now would have left
+      :func:`settle_charge`. A drafting stretch pays it once, when it ends.
+
+    From steady plain decoding a lone draft round adds 3P; within a settled stretch, the same
+    width adds nothing and another width P."""
+    shapes = counts_upto(n + 1, start=2)
+    own = penalty * ((shapes != last_shape) | (last_run < 2))
+    return own, 2.0 * penalty - settle_charge(penalty, last_shape, last_run)
+
+
+#: Rounds one rating of the draft model serves while its inputs stay the same
+#: (:meth:`Policy._rated_model`).
+MODEL_REUSE = 8
+
+#: A source is set aside when its rounds, with the plain steps they made dearer after them,
+#: delivered fewer tokens per second than this fraction of auto's own plain steps.
+GUARD_FRACTION = 0.95
+#: Tokens a source's rounds must have committed (decayed) before they are judged.
+GUARD_EVIDENCE = 24.0
+#: Rounds a source judged losing sits out; doubled each time it is judged losing again in a
+#: row, up to GUARD_BAN_MAX, and back to GUARD_BAN once it is judged paying.
+GUARD_BAN = 32
+GUARD_BAN_MAX = 1024
+#: Plain steps after a drafting round whose extra time (above the steady plain step) is the
+#: drafting round's: on a GPU, the first runs without a graph and the second captures one.
+SETTLE_ROUNDS = 2
+
+
+@dataclass
+class _Tally:
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: float, seconds: float, decay: float) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Realized:
+    """What each way of playing a round actually delivered: the online check on the model.
+
+    The choice rests on estimates (t(n), the draft's cost, penalties, acceptance); where they
+    are wrong on some machine in a way no estimate shows, this sees it in the result. Every
+    round records its tokens and seconds (drafting and target call) under its source; the
+    extra time of the SETTLE_ROUNDS plain steps after a drafting round, above the steady plain
+    step, is charged to that round's source. A source whose rate, over GUARD_EVIDENCE tokens
+    or more, fell below GUARD_FRACTION of the plain steps' rate sits out GUARD_BAN rounds
+    (doubling while it keeps losing), then starts a fresh record.
+    """
+
+    plain_prior: float  #: seconds of a plain step before any was seen (the curve's t(1))
+    plain: _Tally = field(default_factory=_Tally)
+    sources: dict[str, _Tally] = field(default_factory=dict)
+    banned_until: dict[str, int] = field(default_factory=dict)
+    ban: dict[str, int] = field(default_factory=dict)
+    round: int = 0
+    _debtor: str | None = None
+    _settle_left: int = 0
+
+    def allowed(self, source: str) -> bool:
+        return self.round >= self.banned_until.get(source, 0)
+
+    def steady_plain(self) -> float:
+        """Seconds of a steady plain step: the record's, else the prior."""
+        return self.plain.seconds / self.plain.tokens if self.plain.tokens >= 4 else self.plain_prior
+
+    def record(self, source: str, tokens: int, seconds: float) -> None:
+        """One round: ``source`` ("none" for a plain step), tokens committed, seconds spent."""
+        self.round += 1
+        if source == "none":
+            if self._settle_left and self._debtor is not None:
+                self._settle_left -= 1
+                debt = max(seconds - self.steady_plain(), 0.0)
+                seconds -= debt
+                if self.allowed(self._debtor):  # (else it was just set aside: no more to say)
+                    self.sources[self._debtor].add(0, debt, 1.0)
+                    self._judge(self._debtor)
+            self.plain.add(tokens, seconds, DECAY)
+            return
+        self.sources.setdefault(source, _Tally()).add(tokens, seconds, DECAY)
+        self._debtor, self._settle_left = source, SETTLE_ROUNDS
+        self._judge(source)
+
+    def _judge(self, source: str) -> None:
+        tally = self.sources[source]
+        if tally.tokens < GUARD_EVIDENCE:
+            return
+        plain_rate = 1.0 / self.steady_plain()
+        if tally.rate >= plain_rate:
+            self.ban.pop(source, None)
+        elif tally.rate < GUARD_FRACTION * plain_rate:
+            last = self.ban.get(source)
+            ban = self.ban[source] = GUARD_BAN if last is None else min(2 * last, GUARD_BAN_MAX)
+            self.banned_until[source] = self.round + ban
+            self.sources[source] = _Tally()
+
+
 @dataclass
 class Policy:
     """Online estimates plus the arg-max rule. One per generation (acceptance depends on the
@@ -95,6 +215,8 @@ class Policy:
     lookup: dict[int, AcceptanceEstimate] = field(default_factory=dict)
     #: prior for lookup by matched n-gram length: longer matches are likelier to continue
     lookup_prior: tuple[float, float] = (0.4, 0.7)  #: (at n-gram 1, at n-gram >= 4)
+    #: the draft model's last rating: (its inputs, rounds it may still serve, (k, rate))
+    _model_option: tuple | None = field(default=None, repr=False, compare=False)
 
     def lookup_estimate(self, ngram: int) -> AcceptanceEstimate:
         est = self.lookup.get(ngram)
@@ -105,14 +227,27 @@ class Policy:
         return est
 
     def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0, *,
-               probe: bool = False, longer_than: int = 0, last_shape: int | None = None) -> Choice:
+               probe: bool = False, longer_than: int = 0, last_shape: int | None = None,
+               last_run: int = 2, offer_rate: float = 0.0, lookup: bool = True,
+               model: bool = True) -> Choice:
         """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers.
 
-        ``last_shape``: the width of the previous target call. A round whose call has another
-        shape also pays the curve's switch penalty (on a GPU, a call without a replayed graph),
-        so drafting keeps its k while it pays, and a lone draft round must win by more. Plain
-        decoding is rated at its steady cost: what going back to it costs once is spread over
-        the plain steps that follow.
+        ``last_shape``: the width of the previous target call, made ``last_run`` times in a
+        row. With a switch penalty P (a GPU), a round is charged what it adds in penalties
+        (:func:`switch_charges`): a call pays P unless it is at least the third of its width
+        in a row (llama.cpp's CUDA backend runs the first of a new width without a graph and
+        captures one on the second), and plain decoding pays again to settle after drafting.
+        Entering a stretch of drafting rounds and leaving it are shared by its rounds: a
+        lookup round from plain decoding is charged them times (1 - ``offer_rate``), the chance
+        that the next round has no lookup draft to go on with (the rate at which lookup has
+        offered drafts lately), so over the stretch's expected length, and so is the graph's
+        capture on a stretch's second round; a change of width within a stretch is charged in
+        full. A draft model can always go on: its rounds are charged
+        their own calls and not the way back. So a lone lookup round from steady plain decoding costs 3P,
+        a stretch of copying enters at little cost and keeps its k, and plain decoding is
+        rated at its steady cost.
+
+        ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
 
         ``probe``: the best lookup option longer than ``longer_than`` tokens, even if it is
         predicted to be up to PROBE_SLACK slower than plain decoding. The curve only learns the
@@ -131,30 +266,60 @@ class Policy:
         if k_max <= 0:
             return best
         floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
-        n_lookup = min(k_max, lookup_len)
-        n_model = k_max if self.draft_cost is not None and not probe else 0
-        if n_lookup <= longer_than and not n_model:
+        n_lookup = min(k_max, lookup_len) if lookup else 0
+        n_model = k_max if model and self.draft_cost is not None and not probe else 0
+        rate_lookup = n_lookup > longer_than
+        model_key = (self.model.alpha, self.draft_cost.seconds, n_model, last_shape,
+                     min(last_run, 2)) if n_model else None
+        rated = self._rated_model(model_key)
+        if not rate_lookup and (not n_model or rated is not None):
+            if rated is not None and rated[1] > floor:
+                best = Choice("model", rated[0], rated[1], baseline)
             return best
         n = max(n_lookup, n_model)
         times = t.table(n + 1)[2:]  # times[k - 1] = t(k + 1): a round of k drafts
-        if t.switch_penalty:
-            shapes = t.width or counts_upto(n + 1, start=2)  # a fixed width: one shape
-            times = times + t.switch_penalty * (shapes != last_shape)
-        if n_lookup > longer_than:
+        own, back = np.zeros(n), 0.0
+        if t.switch_penalty and not t.width:  # (a fixed width has one shape)
+            own, back = switch_charges(t.switch_penalty, n, last_shape, last_run)
+        if rate_lookup:
+            # entering a stretch, capturing its graph and leaving it are paid once: amortised
+            # over its expected length; a change of width within one is paid in full (else
+            # the width would flap with every small change of the estimates, paying each time)
+            once = 1.0 - offer_rate
+            if last_shape is None or last_shape == 1:
+                switches = (own[:n_lookup] + back) * once
+            else:
+                shapes = counts_upto(n_lookup + 1, start=2)
+                switches = own[:n_lookup] * np.where(shapes == last_shape, once, 1.0) + back * once
             rates = (expected_tokens_upto(self.lookup_estimate(lookup_ngram).alpha, n_lookup)
-                     / (times[:n_lookup] + self.lookup_cost.seconds))
+                     / (times[:n_lookup] + switches + self.lookup_cost.seconds))
             rates[:longer_than] = -np.inf
             k = int(rates.argmax())
             if rates[k] > floor:
                 best = Choice("lookup", k + 1, float(rates[k]), baseline)
         if n_model:
-            c = self.draft_cost.seconds
-            rates = (expected_tokens_upto(self.model.alpha, n_model)
-                     / (times[:n_model] + c * counts_upto(n_model, start=1)))
-            k = int(rates.argmax())
-            if rates[k] > max(best.rate if best.k else 0.0, floor):
-                best = Choice("model", k + 1, float(rates[k]), baseline)
+            if rated is None:
+                rates = (expected_tokens_upto(self.model.alpha, n_model)
+                         / (times[:n_model] + own[:n_model]
+                            + self.draft_cost.seconds * counts_upto(n_model, start=1)))
+                k = int(rates.argmax())
+                rated = (k + 1, float(rates[k]))
+                self._model_option = (model_key, MODEL_REUSE - 1, rated)
+            if rated[1] > max(best.rate if best.k else 0.0, floor):
+                best = Choice("model", rated[0], rated[1], baseline)
         return best
+
+    def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
+        """The draft model's last (best k, rate), if it may serve this round. Its inputs change
+        only when it drafts (acceptance and cost) or the calls' shapes change, and the curve
+        drifts slowly; so one rating serves up to MODEL_REUSE rounds with the same inputs. In
+        the plain steps where the model is not chosen (all of them, on a GPU with this pair)
+        that is most of a choice's work saved."""
+        cached = self._model_option
+        if key is None or cached is None or cached[0] != key or cached[1] <= 0:
+            return None
+        self._model_option = (key, cached[1] - 1, cached[2])
+        return cached[2]
 
     def model_can_pay(self, k_max: int) -> bool:
         """Whether the draft model could beat plain decoding even if it were always right."""

@@ -24,6 +24,7 @@ import numpy as np
 from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
 from ..core.lookup import NgramIndex, common_prefix, find_continuation
 from ..core.dist import AnyDist
+from ..core.policy import Realized
 from ..core.sampling import SamplingParams, draft_distribution, window_distribution
 from ..errors import ConfigError
 
@@ -216,6 +217,11 @@ class HybridDrafter:
         return True
 
 
+#: Weight of the newest round in AutoDrafter's moving average of lookup offers: the rate
+#: follows the text (a block being copied, then free prose) within about ten rounds.
+OFFER_WEIGHT = 0.15
+
+
 class AutoDrafter:
     """Cost-aware choice, every round, between plain decoding, lookup and the draft model.
 
@@ -225,7 +231,10 @@ class AutoDrafter:
     draft model's acceptance is only learned when it drafts; it is tried again now and then if
     it could pay at all under the cost curve. Likewise, every REPROBE_ROUNDS rounds a lookup draft
     longer than the best (if it is predicted to lose at most PROBE_SLACK) is played, so that the
-    curve's t(k + 1) are measured, not assumed from one calibration sample.
+    curve's t(k + 1) are measured, not assumed from one calibration sample. And what each
+    source's rounds actually delivered is kept (:class:`~edgespec.core.policy.Realized`): a
+    source whose rounds gave fewer tokens per second than plain steps sits out a while,
+    whatever the estimates say.
     """
 
     name = "auto"
@@ -243,6 +252,9 @@ class AutoDrafter:
         self._since_model = 0
         self._since_probe = 0
         self._last_shape: int | None = None  #: width of the last target call (None: prefill)
+        self._run = 0  #: calls of that width in a row
+        self._offer_rate = 0.0  #: how often lookup offered a draft lately (moving average)
+        self.realized = Realized(policy.curve(1))
 
     def propose(self, context, k, params, rng) -> Draft:
         t0 = time.perf_counter()
@@ -250,20 +262,25 @@ class AutoDrafter:
         self.policy.lookup_cost.observe(time.perf_counter() - t0)
         self._shadow = shadow
         offer = (k, len(shadow.tokens), shadow.ngram)
-        choice = self.policy.choose(*offer, last_shape=self._last_shape)
-        if (choice.source == "none" and self.model is not None
+        self._offer_rate += OFFER_WEIGHT * (bool(shadow.tokens) - self._offer_rate)
+        realized = self.realized
+        model_allowed = realized.allowed("model")
+        calls = {"last_shape": self._last_shape, "last_run": self._run,
+                 "offer_rate": self._offer_rate, "lookup": realized.allowed("lookup"),
+                 "model": model_allowed}
+        choice = self.policy.choose(*offer, **calls)
+        if (choice.source == "none" and self.model is not None and model_allowed
                 and self._since_model >= self.REPROBE_ROUNDS):
             # Considered once per REPROBE_ROUNDS, taken or not: re-deciding every round after
             # a declined trial cost two more choices a round (~5% of a GPU token).
             self._since_model = 0
             if self.policy.model_can_pay(k):
                 self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
-                choice = self.policy.choose(*offer, last_shape=self._last_shape)
+                choice = self.policy.choose(*offer, **calls)
         self._since_probe += 1
-        if (choice.source != "model" and shadow.tokens
+        if (choice.source != "model" and shadow.tokens and calls["lookup"]
                 and self._since_probe >= self.REPROBE_ROUNDS):
-            probe = self.policy.choose(*offer, probe=True, longer_than=choice.k,
-                                       last_shape=self._last_shape)
+            probe = self.policy.choose(*offer, probe=True, longer_than=choice.k, **calls)
             if probe.k:
                 choice, self._since_probe = probe, 0
         self.choices[choice.k] = self.choices.get(choice.k, 0) + 1
@@ -284,8 +301,10 @@ class AutoDrafter:
         policy = self.policy
         n = outcome.drafted + 1
         shape = policy.curve.shape(n)
-        policy.curve.observe(n, outcome.t_target, switched=shape != self._last_shape)
-        self._last_shape = shape
+        same = shape == self._last_shape
+        # a call pays the switch penalty unless a graph of its width was captured before it
+        policy.curve.observe(n, outcome.t_target, switched=not (same and self._run >= 2))
+        self._last_shape, self._run = shape, self._run + 1 if same else 1
         shadow = self._shadow
         if shadow is not None and shadow.tokens:
             matched = common_prefix(shadow.tokens, outcome.new_tokens)
@@ -293,6 +312,8 @@ class AutoDrafter:
             seen_mismatch = matched < min(len(shadow.tokens), len(outcome.new_tokens))
             policy.lookup_estimate(shadow.ngram).update(matched, seen_mismatch)
         draft = outcome.draft
+        source = draft.source if draft is not None and outcome.drafted else "none"
+        self.realized.record(source, len(outcome.new_tokens), outcome.t_draft + outcome.t_target)
         if draft is not None and draft.source == "model" and outcome.drafted:
             policy.model.update(outcome.accepted, outcome.accepted < outcome.drafted)
             if policy.draft_cost is not None:

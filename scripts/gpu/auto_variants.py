@@ -8,7 +8,8 @@ prompt, interleaved (order rotated each repeat), and each variant changes one th
 - ``auto``: as shipped;
 - ``auto-lookup``: no draft model (its trials and re-trials cost nothing);
 - ``auto-noreprobe``: no re-trial of the draft model and no cost probe of longer lookup drafts;
-- ``auto-margin10``: drafting must promise 10% more than plain decoding (3% shipped);
+- ``auto-noguard``: no check of what each source delivered (``policy.Realized``: a source
+  whose rounds deliver less than plain steps sits out);
 - ``auto-nopenalty``: the width-switch penalty measured at calibration is not charged.
 
 Prints tok/s per prompt, each configuration's ratio to ``none`` (geometric mean and worst
@@ -36,14 +37,14 @@ from edgespec.core.sampling import SamplingParams  # noqa: E402
 from edgespec.runtime import drafters as drafters_module  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402
 
-VARIANTS = ("auto", "auto-lookup", "auto-noreprobe", "auto-margin10", "auto-nopenalty")
+VARIANTS = ("auto", "auto-lookup", "auto-noreprobe", "auto-noguard", "auto-nopenalty")
 
 
 @contextlib.contextmanager
 def variant(engine: Engine, name: str):
     """Patch one part of auto's policy for the duration of a run."""
     saved_policy = engine._policy
-    saved_margin = policy_module.MARGIN
+    saved_guard = policy_module.GUARD_FRACTION
     saved_reprobe = drafters_module.AutoDrafter.REPROBE_ROUNDS
     curve = engine.costs.target
     saved_penalty = curve.switch_penalty
@@ -56,14 +57,14 @@ def variant(engine: Engine, name: str):
             engine._policy = no_model
         elif name == "auto-noreprobe":
             drafters_module.AutoDrafter.REPROBE_ROUNDS = 10 ** 9
-        elif name == "auto-margin10":
-            policy_module.MARGIN = 0.10
+        elif name == "auto-noguard":
+            policy_module.GUARD_FRACTION = 0.0
         elif name == "auto-nopenalty":
             curve.switch_penalty = 0.0
         yield
     finally:
         engine._policy = saved_policy
-        policy_module.MARGIN = saved_margin
+        policy_module.GUARD_FRACTION = saved_guard
         drafters_module.AutoDrafter.REPROBE_ROUNDS = saved_reprobe
         curve.switch_penalty = saved_penalty
 
