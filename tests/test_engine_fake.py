@@ -546,3 +546,19 @@ def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_
         assert 0.004 < curve(1) < 0.008  # the steady cost, not the interleaved ~10 ms
     else:
         assert steady_calls == [] and curve.switch_penalty == 0.0
+
+
+def test_the_draft_cost_auto_learns_carries_over_to_the_next_generation():
+    """The draft model's cost per token is the engine's, like the target's curve: what one
+    generation's rounds measured (on a GPU, more than the calibration's repeated single calls)
+    is where the next starts, instead of the calibration again."""
+    engine = build(drafter="auto")
+    costs = engine.calibrate()
+    assert costs.draft is not None and costs.draft.seconds == costs.draft_per_token
+    first, second = engine._policy(), engine._policy()
+    assert first.draft_cost is costs.draft and second.draft_cost is costs.draft
+    first.draft_cost.observe(10 * costs.draft_per_token)
+    assert engine._policy().draft_cost.seconds > costs.draft_per_token
+    assert costs.draft_per_token == engine.calibrate().draft_per_token  # the calibration's own
+    out = engine.complete("x", max_tokens=24)  # auto's rounds feed the engine's estimates
+    assert out.stats.generated == 24

@@ -188,12 +188,21 @@ def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
 
 @dataclass
 class Costs:
-    """This machine's measured costs: the target's t(n) curve (refined by every round that
-    ``auto`` plays) and the draft model's seconds per token."""
+    """This machine's measured costs: the target's t(n) curve and the draft model's seconds
+    per token, both as calibrated and refined by every round that ``auto`` plays, in this
+    generation and the next (``draft_per_token`` stays the calibration's figure)."""
 
     target: CostCurve
     draft_per_token: float | None
     calibration_seconds: float
+    draft: CostEstimate | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        # one estimate for every generation, as the curve is: a draft call on a GPU costs
+        # more in the loop than calibrated (calls of changing width), and each generation
+        # starting again from the calibration paid for that lesson again
+        if self.draft_per_token is not None:
+            self.draft = CostEstimate(self.draft_per_token)
 
 
 class Engine:
@@ -415,8 +424,7 @@ class Engine:
 
     def _policy(self) -> Policy:
         costs = self.costs if self.costs is not None else self.calibrate()
-        per_token = costs.draft_per_token
-        return Policy(costs.target, CostEstimate(per_token) if per_token is not None else None)
+        return Policy(costs.target, costs.draft)
 
     def close(self) -> None:
         """Free both models.
