@@ -599,3 +599,29 @@ def test_greedy_draft_stops_at_a_pick_past_the_targets_vocabulary():
     got = drafter.propose(list(PROMPT), 6, GREEDY, make_rng(0))
     assert got.tokens and len(got.tokens) < 6 and all(t < 8 for t in got.tokens)
     assert got.q == [None] * len(got.tokens)
+
+
+@pytest.mark.parametrize("behind", [1, 2, 4, 6])
+def test_on_a_gpu_a_short_catch_up_goes_one_token_a_call_and_drafts_the_same(behind):
+    """A draft model whose calls replay a CUDA graph only at a repeated width (a GPU) takes the
+    tokens committed since it last decoded one per call, up to SINGLE_CATCHUP of them, so its
+    calls keep the drafting width of 1; a longer catch-up is one call. The drafts are the
+    same either way, and on the CPU the catch-up stays one call."""
+    from edgespec.runtime.drafters import SINGLE_CATCHUP
+
+    table = Table(16, 3)
+    context = [int(t) for t in np.random.default_rng(5).integers(0, 16, 30)]
+    params, drafts, widths = SamplingParams(temperature=0), {}, {}
+    for gpu in (False, True):
+        draft = FakeLM(table, n_ctx=64)
+        draft.graph_shapes = gpu
+        draft.decode(context[: len(context) - behind], 0)
+        draft.reset_log()
+        drafts[gpu] = ModelDrafter(draft, 16).propose(context, 3, params, make_rng(0)).tokens
+        widths[gpu] = [len(c.tokens) for c in draft.calls]
+    assert drafts[True] == drafts[False] and len(drafts[True]) == 3
+    assert widths[False] == [behind, 1, 1]
+    if behind <= SINGLE_CATCHUP:
+        assert widths[True] == [1] * (behind + 2)
+    else:
+        assert widths[True] == [behind, 1, 1]

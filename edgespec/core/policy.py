@@ -170,7 +170,9 @@ class Realized:
 
     def steady_plain(self) -> float:
         """Seconds of a steady plain step: the record's, else the prior."""
-        return self.plain.seconds / self.plain.tokens if self.plain.tokens >= 4 else self.plain_prior
+        if self.plain.tokens < 4:
+            return self.plain_prior
+        return self.plain.seconds / self.plain.tokens
 
     def record(self, source: str, tokens: int, seconds: float) -> None:
         """One round: ``source`` ("none" for a plain step), tokens committed, seconds spent."""
@@ -242,10 +244,10 @@ class Policy:
         that the next round has no lookup draft to go on with (the rate at which lookup has
         offered drafts lately), so over the stretch's expected length, and so is the graph's
         capture on a stretch's second round; a change of width within a stretch is charged in
-        full. A draft model can always go on: its rounds are charged
-        their own calls and not the way back. So a lone lookup round from steady plain decoding costs 3P,
-        a stretch of copying enters at little cost and keeps its k, and plain decoding is
-        rated at its steady cost.
+        full. A draft model can always go on: its rounds are charged their own calls and not
+        the way back. So a lone lookup round from steady plain decoding costs 3P, a stretch of
+        copying enters at little cost and keeps its k, and plain decoding is rated at its
+        steady cost.
 
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
 

@@ -409,6 +409,9 @@ class LlamaBackend:
         #: top-k, a partial sort of the whole row, measured no faster than the host's window)
         self.device_window: bool = (self.backend_argmax and on_gpu and (
             ngl < 0 or ngl > llama_cpp.llama_model_n_layer(self._model.model)))
+        #: on this machine's GPU, where llama.cpp replays a call's CUDA graph only after two
+        #: calls of the same width (:attr:`graph_shapes`)
+        self.graph_shapes: bool = on_gpu and not width
         self._watchdog = None
         if options.rpc:
             from .rpc import Watchdog
