@@ -76,6 +76,12 @@ class NgramIndex:
             for s in range(max(self._done, n), n_tok):
                 grams[tuple(tokens[s - n:s])] = s
         self._done = n_tok
+        # A longer suffix seen before means its shortest one was too (same continuation): a
+        # miss there is a miss for every n, one look instead of one per n (most rounds of
+        # free text).
+        shortest = self.min_ngram
+        if n_tok - 1 >= shortest and tuple(tokens[n_tok - shortest:]) not in self._maps[shortest]:
+            return None
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
             s = self._maps[n].get(tuple(tokens[n_tok - n:]))
             if s is not None:
