@@ -155,6 +155,13 @@ class FakeLM:
         del self.tokens[n:]
         return n
 
+    def trim(self, n: int) -> int:
+        """Keep the first ``n`` cached tokens (a :class:`~edgespec.runtime.cache.Follower`'s
+        cut: it knows those are the ones it wants); logged as the sync it stands for."""
+        del self.tokens[n:]
+        self.syncs.append(tuple(self.tokens))
+        return len(self.tokens)
+
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         tokens = [int(t) for t in tokens]
         if not 0 <= n_logits <= len(tokens):

@@ -241,6 +241,9 @@ class NoRollbackLM(FakeLM):
         self.syncs.append(tuple(prefix))
         return common_prefix(self.tokens, prefix)
 
+    def trim(self, n):
+        return min(n, len(self.tokens))
+
 
 def test_negative_control_the_fake_exposes_a_missing_rollback():
     # The equality test above is only meaningful if bad bookkeeping changes the output.

@@ -91,9 +91,11 @@ class SyntheticModel:
         self.device_window = windows is not None
 
     def sync(self, prefix: Sequence[int]) -> int:
-        n = common_prefix(self.tokens, prefix)
+        return self.trim(common_prefix(self.tokens, prefix))
+
+    def trim(self, n: int) -> int:
         del self.tokens[n:]
-        return n
+        return len(self.tokens)
 
     def _advance(self, tokens: Sequence[int], n_logits: int) -> list[int]:
         """Append ``tokens``; the pool rows of the last ``n_logits`` positions."""

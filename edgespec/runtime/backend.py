@@ -454,14 +454,18 @@ class LlamaBackend:
 
     def sync(self, prefix: Sequence[int]) -> int:
         """Trim the KV cache to its longest common prefix with ``prefix``; return its length."""
-        n = common_prefix(self.tokens, prefix)
+        return self.trim(common_prefix(self.tokens, prefix))
+
+    def trim(self, n: int) -> int:
+        """Drop the cached tokens after the first ``n``; return how many stay cached (0 where a
+        recurrent model cannot drop a suffix and starts over)."""
         if n < len(self.tokens):
             ok = llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, n, -1)
             if not ok:  # recurrent models cannot drop a suffix: start over
                 llama_cpp.llama_memory_clear(self._ctx.memory, True)
                 n = 0
             del self.tokens[n:]
-        return n
+        return len(self.tokens)
 
     def reset(self) -> None:
         """Empty the KV cache."""

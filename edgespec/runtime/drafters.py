@@ -27,6 +27,7 @@ from ..core.dist import AnyDist
 from ..core.policy import Realized
 from ..core.sampling import SamplingParams, draft_distribution, window_distribution
 from ..errors import ConfigError
+from .cache import Follower
 
 DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
 
@@ -139,16 +140,16 @@ class ModelDrafter:
         self.model = model
         self.n_vocab = n_vocab
         self.window = window
+        self._cache = Follower(model)
 
     def propose(self, context, k, params, rng) -> Draft:
         k = min(k, self.model.n_ctx - len(context))
         draft = Draft(source="model")
         if k <= 0:
             return draft
-        n_cached = self.model.sync(context)
+        n_cached = self._cache.sync(context, len(context))
         if n_cached == len(context):  # everything cached: re-feed the last token for its logits
-            self.model.sync(context[:-1])
-            n_cached -= 1
+            n_cached = self._cache.sync(context, len(context) - 1)
         if params.greedy and hasattr(self.model, "decode_argmax"):
             return self._propose_greedy(context[n_cached:], k, draft)
         if not params.greedy and self.window and getattr(self.model, "device_window", False):

@@ -21,6 +21,7 @@ from ..core.dist import AnyDist
 from ..core.rejection import Source, verify, verify_greedy
 from ..core.sampling import SamplingParams, distribution, pending_distribution
 from ..core.stats import Stats
+from .cache import Follower
 from .drafters import Drafter, Outcome
 
 
@@ -93,6 +94,7 @@ def rounds(
     ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
     """
     committed = list(prompt)
+    cache = Follower(target)
     emitted = 0
     picks = getattr(target, "decode_argmax", None) if params.greedy else None
     while len(committed) < target.n_ctx:
@@ -108,7 +110,7 @@ def rounds(
         q = draft.q[: len(tokens)] if draft else []
         t1 = time.perf_counter()
 
-        target.sync(committed[:-1])
+        cache.sync(committed, len(committed) - 1)
         if picks is not None:
             ids = picks([committed[-1], *tokens], len(tokens) + 1)
             t2 = time.perf_counter()
