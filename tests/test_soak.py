@@ -49,15 +49,15 @@ class TemperedDraft:
 
 class KVLog:
     """Records, for each position a backend's KV cache holds, which ``llama_decode`` batch wrote
-    it and whether that batch read logits; counts the syncs that dropped cached tokens."""
+    it and whether that batch read logits; counts the cuts that dropped cached tokens."""
 
     def __init__(self, backend: LlamaBackend) -> None:
         self.backend = backend
         self.cells: list[tuple[int, bool]] = []  #: per cached position: (batch id, logits read)
         self.batch_size: dict[int, int] = {}
-        self.rollbacks = 0  #: syncs that dropped cached tokens (rejected drafts, new prompts)
+        self.rollbacks = 0  #: cuts that dropped cached tokens (rejected drafts, new prompts)
         self.dropped = 0  #: tokens they dropped
-        decode, sync = backend.decode, backend.sync
+        decode, trim = backend.decode, backend.trim
 
         def logged_decode(tokens, n_logits):
             start = len(backend.tokens)
@@ -70,16 +70,16 @@ class KVLog:
                 self.cells += [(batch, c0 >= first)] * (c1 - c0)
             return out
 
-        def logged_sync(prefix):
+        def logged_trim(n):  # every cut of the cache: sync's, and the loop's Follower's
             before = len(backend.tokens)
-            n = sync(prefix)
+            n = trim(n)
             if n < before:
                 self.rollbacks += 1
                 self.dropped += before - n
             del self.cells[n:]
             return n
 
-        backend.decode, backend.sync = logged_decode, logged_sync
+        backend.decode, backend.trim = logged_decode, logged_trim
 
     def replay(self) -> np.ndarray:
         """The last cached position's logits from a new context fed the cached tokens in the same
