@@ -83,6 +83,14 @@ class CostEstimate:
         self.seconds += self.weight * (seconds - self.seconds)
 
 
+def replays_graph(shape, last_shape: int | None, last_run: int):
+    """Whether a call of ``shape`` (a width, or an array of them) runs a replayed CUDA graph
+    after ``last_run`` calls of width ``last_shape``: only as the third or later of its width
+    in a row (the vendored llama.cpp captures on the second). Any other call pays the curve's
+    switch penalty."""
+    return (shape == last_shape) & (last_run >= 2)
+
+
 def settle_charge(penalty: float, last_shape: int | None, last_run: int) -> float:
     """Penalties plain decoding still pays from here until its calls replay a graph: none once
     two plain calls ran in a row, one after a single plain call (its second call captures the
@@ -107,7 +115,7 @@ def switch_charges(penalty: float, n: int, last_shape: int | None,
     From steady plain decoding a lone draft round adds 3P; within a settled stretch, the same
     width adds nothing and another width P."""
     shapes = counts_upto(n + 1, start=2)
-    own = penalty * ((shapes != last_shape) | (last_run < 2))
+    own = penalty * ~replays_graph(shapes, last_shape, last_run)
     return own, 2.0 * penalty - settle_charge(penalty, last_shape, last_run)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
 from ..core.lookup import NgramIndex, common_prefix, find_continuation
 from ..core.dist import AnyDist
-from ..core.policy import Realized
+from ..core.policy import Realized, replays_graph
 from ..core.sampling import SamplingParams, draft_distribution, window_distribution
 from ..errors import ConfigError
 from .cache import Follower
@@ -321,10 +321,9 @@ class AutoDrafter:
         policy = self.policy
         n = outcome.drafted + 1
         shape = policy.curve.shape(n)
-        same = shape == self._last_shape
-        # a call pays the switch penalty unless a graph of its width was captured before it
-        policy.curve.observe(n, outcome.t_target, switched=not (same and self._run >= 2))
-        self._last_shape, self._run = shape, self._run + 1 if same else 1
+        replayed = replays_graph(shape, self._last_shape, self._run)
+        policy.curve.observe(n, outcome.t_target, switched=not replayed)
+        self._last_shape, self._run = shape, self._run + 1 if shape == self._last_shape else 1
         shadow = self._shadow
         if shadow is not None and shadow.tokens:
             matched = common_prefix(shadow.tokens, outcome.new_tokens)
