@@ -1,0 +1,341 @@
+"""Greedy bench on a virtual GPU: the real loop and drafters on this CPU, timed as on an H100.
+
+A lent GPU is rare; what ``auto`` does there depends on two things this CPU can supply
+exactly and one it can model:
+
+- **what the models say**: in greedy decoding the target's pick and the draft model's pick
+  depend only on the context, so the real pair (run here by llama.cpp, batch-exact on the CPU)
+  answers every call. Answers are memoised by context on disk, so variants and older commits
+  replay the same text at no model cost;
+- **edgespec's own host work**: the loop, the drafters and the policy run for real; their time
+  is measured with ``time.perf_counter`` as usual;
+- **what each llama.cpp call would cost on the GPU**: a model of the vendored ggml-cuda, with
+  the figures measured on an H100 (stop 33, default pair, every layer offloaded). Each context
+  keeps one CUDA graph: a call replays it (steady cost) only as the third or later call of its
+  width in a row; any other call runs without a graph or captures one (steady cost plus a
+  penalty). Steady and penalised costs by width come from ``bench --sweep`` there (repeated
+  and interleaved widths); the draft model's from its calibration and from the ``model``
+  drafter's rounds in ``bench``.
+
+The clock that the loop, the drafters and the cost code read is replaced by a virtual one:
+real time minus the time spent answering calls here, plus the modelled GPU time of each call.
+Prints tok/s and x none per prompt and overall, like ``bench``; ``--json`` keeps it all.
+
+This is a model, not a measurement: check it against a lease's ``bench`` (run it with
+``--tree`` on the commit that lease measured) before trusting what it says of new code.
+
+Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
+       [-n 128] [--tree DIR] [--memo FILE] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import pickle
+import sys
+import time
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[2]
+
+# The H100's figures (stop 33, /work/gpu-results/2026-11-27/r/sweep.txt): width -> seconds of a
+# replayed call (the same width call after call) and of a call after another width.
+TARGET_STEADY = {1: 2.26e-3, 2: 2.52e-3, 3: 2.82e-3, 4: 3.19e-3, 6: 3.45e-3, 8: 3.93e-3,
+                 12: 4.55e-3, 16: 4.88e-3, 24: 5.34e-3, 32: 6.15e-3}
+TARGET_SWITCHED = {1: 4.90e-3, 2: 6.16e-3, 3: 6.52e-3, 4: 6.49e-3, 6: 6.90e-3, 8: 6.76e-3,
+                   12: 8.66e-3, 16: 7.84e-3, 24: 9.51e-3, 32: 9.39e-3}
+# What the engine's calibration measured there (auto's cost curve, switch penalty and draft
+# cost): in the sweep's run (clean), and in the greedy bench's run (t(8) and up polluted by
+# stalled calls at start-up: every calibration is one sample of that noise).
+CALIBRATIONS = {
+    "sweep": ({1: 2.21e-3, 4: 3.16e-3, 8: 3.39e-3, 16: 4.86e-3, 33: 6.19e-3}, 2.38e-3, 1.24e-3),
+    "bench": ({1: 2.05e-3, 4: 2.89e-3, 8: 8.00e-3, 16: 13.32e-3, 32: 15.20e-3}, 1.39e-3, 1.14e-3),
+}
+# The 0.5B draft: ~1.15 ms a replayed single call; ``model`` rounds that accepted everything
+# (a 2-token catch-up, then single calls: three penalised calls of four) cost 2.05 ms a
+# token, so a penalised call costs ~1.2 ms more. Wider calls scale like the target's.
+DRAFT_STEADY_1 = 1.15e-3
+DRAFT_PENALTY = 1.2e-3
+
+
+def interpolate(table: dict[int, float], width: int) -> float:
+    ns = sorted(table)
+    if width in table:
+        return table[width]
+    if width > ns[-1]:
+        a, b = ns[-2], ns[-1]
+    else:
+        i = max(bisect.bisect_left(ns, width), 1)
+        a, b = ns[i - 1], ns[i]
+    return table[a] + (table[b] - table[a]) * (width - a) / (b - a)
+
+
+class Device:
+    """One llama.cpp context on the GPU: what each call costs under the graph rule."""
+
+    def __init__(self, steady, penalty) -> None:
+        self.steady, self.penalty = steady, penalty
+        self.last: int | None = None
+        self.run = 0
+        self.calls = self.penalised = self.captures = 0
+        self.capture_cost = 0.0  #: what a capture costs more than a call without a graph
+
+    def call(self, width: int) -> float:
+        replay = width == self.last and self.run >= 2
+        capture = width == self.last and self.run == 1
+        self.run = self.run + 1 if width == self.last else 1
+        self.last = width
+        self.calls += 1
+        self.penalised += not replay
+        self.captures += capture
+        return (self.steady(width) + (0.0 if replay else self.penalty(width))
+                + (self.capture_cost if capture else 0.0))
+
+
+def target_device() -> Device:
+    return Device(lambda w: interpolate(TARGET_STEADY, w),
+                  lambda w: interpolate(TARGET_SWITCHED, w) - interpolate(TARGET_STEADY, w))
+
+
+def draft_device() -> Device:
+    scale = DRAFT_STEADY_1 / TARGET_STEADY[1]
+    return Device(lambda w: scale * interpolate(TARGET_STEADY, w), lambda w: DRAFT_PENALTY)
+
+
+class Clock:
+    """The virtual clock: real time, minus time spent answering calls, plus their GPU time."""
+
+    def __init__(self) -> None:
+        self.device = 0.0
+        self.excluded = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.excluded + self.device
+
+
+class Memo:
+    """Greedy picks by context (a 64-bit hash of the token tuple), kept on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.picks: dict[tuple[str, int], int] = {}
+        if path.exists():
+            with open(path, "rb") as f:
+                self.picks = pickle.load(f)
+        self.misses = 0
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(self.picks, f)
+        tmp.replace(self.path)
+
+
+class Replayed:
+    """A backend for the greedy loop: the real model's picks, the GPU's time.
+
+    Keeps its own token list (the KV cache it stands for); picks come from the memo, or from
+    the real backend (synced to the context, one row at a time) on a miss. Rows after the first
+    one whose pick differs from the next fed token are never read by the greedy verdict; they
+    are not computed (-1)."""
+
+    graph_shapes = True  # a local GPU: single-token catch-ups for the draft (new code)
+
+    def __init__(self, name: str, real, memo: Memo, device: Device, clock: Clock) -> None:
+        self.name, self.real, self.memo, self.device, self.clock = name, real, memo, device, clock
+        self.n_ctx = real.n_ctx
+        self.n_vocab = real.n_vocab
+        self.tokens: list[int] = []
+
+    def __getattr__(self, attr):  # tokenizer, is_eog, ...: the real backend's
+        return getattr(self.real, attr)
+
+    def sync(self, prefix) -> int:
+        n = 0
+        for a, b in zip(self.tokens, prefix):
+            if a != b:
+                break
+            n += 1
+        return self.trim(n)
+
+    def trim(self, n: int) -> int:
+        del self.tokens[n:]
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+        self.device.last, self.device.run = None, 0
+
+    def _pick(self, n: int) -> int:
+        key = (self.name, hash(tuple(self.tokens[:n])))
+        pick = self.memo.picks.get(key)
+        if pick is None:
+            self.memo.misses += 1
+            ctx = self.tokens[:n]
+            cached = self.real.sync(ctx[:-1])
+            pick = int(self.real.decode_argmax(ctx[cached:], 1)[0])
+            self.memo.picks[key] = pick
+        return pick
+
+    def decode(self, tokens, n_logits: int):
+        if n_logits:
+            raise NotImplementedError("the replay is greedy only: decode_argmax")
+        t0 = time.perf_counter()
+        self.tokens.extend(tokens)
+        seconds = self.device.call(len(tokens))
+        self.clock.excluded += time.perf_counter() - t0
+        self.clock.device += seconds
+
+    def decode_argmax(self, tokens, n_logits: int):
+        import numpy as np
+
+        t0 = time.perf_counter()
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        end = len(self.tokens)
+        out = np.full(n_logits, -1, np.int32)
+        for i, pos in enumerate(range(end - n_logits, end)):
+            out[i] = self._pick(pos + 1)
+            if pos + 1 < end and out[i] != self.tokens[pos + 1]:
+                break  # the verdict stops here
+        seconds = self.device.call(end - start)
+        self.clock.excluded += time.perf_counter() - t0
+        self.clock.device += seconds
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafters", default="none,lookup,model,hybrid,auto")
+    ap.add_argument("-r", "--repeats", type=int, default=2)
+    ap.add_argument("-n", "--max-tokens", type=int, default=128)
+    ap.add_argument("--tree", help="an edgespec source tree to run (another commit's checkout)")
+    ap.add_argument("--memo", default=str(Path.home() / ".cache/edgespec/replay/default.pkl"))
+    ap.add_argument("--prompts", default="", help="comma-separated prompt ids (default: all)")
+    ap.add_argument("--calibration", choices=sorted(CALIBRATIONS), default="sweep")
+    ap.add_argument("--capture-ms", type=float, default=0.0,
+                    help="what a graph capture costs more than a call without one (target)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(args.tree).resolve() if args.tree else HERE))
+
+    import edgespec  # noqa: F401  (llama.cpp's runtime first, as the package arranges)
+    from edgespec.bench.prompts import load_prompts
+    from edgespec.core import costs as costs_module
+    from edgespec.core.costs import CostCurve
+    from edgespec.core.sampling import SamplingParams
+    from edgespec.core.stats import Stats
+    from edgespec.runtime import drafters as drafters_module, engine as engine_module
+    from edgespec.runtime import loop as loop_module
+    from edgespec.runtime.drafters import make_drafter
+    from edgespec.runtime.engine import Engine, effective_draft_length
+    from edgespec.core.sampling import make_rng
+
+    print(f"edgespec from {Path(edgespec.__file__).parent}", file=sys.stderr)
+    clock = Clock()
+    virtual = types.SimpleNamespace(perf_counter=clock, sleep=time.sleep, time=time.time)
+    for mod in (loop_module, drafters_module, costs_module):
+        mod.time = virtual
+
+    engine = Engine.load(progress=False)
+    memo = Memo(Path(args.memo))
+    target = Replayed("target", engine.target, memo, target_device(), clock)
+    draft = Replayed("draft", engine.draft, memo, draft_device(), clock)
+    points, penalty, per_token = CALIBRATIONS[args.calibration]
+    target.device.capture_cost = args.capture_ms * 1e-3
+    curve = CostCurve(dict(points), switch_penalty=penalty)
+    engine.costs = engine_module.Costs(curve, per_token, 0.0)
+    prompts = load_prompts()
+    if args.prompts:
+        keep = set(args.prompts.split(","))
+        prompts = [p for p in prompts if p.id in keep]
+    names = args.drafters.split(",")
+    params = SamplingParams(temperature=0.0)
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for rep in range(args.repeats):
+        for prompt in prompts:
+            tokens = engine.prompt_tokens(prompt.payload, chat=not prompt.raw)
+            limit = prompt.max_tokens or args.max_tokens
+            for name in names[rep % len(names):] + names[: rep % len(names)]:
+                k = effective_draft_length(name, None)
+                policy = engine._policy() if name == "auto" else None
+                drafter = make_drafter(name, draft if name != "none" else None, target.n_vocab,
+                                       policy=policy)
+                target.reset()
+                draft.reset()
+                loop_module.prefill(target, tokens)
+                wants = getattr(drafter, "wants_prompt_cached", None)
+                if name != "none" and wants is not None and wants(k):
+                    loop_module.prefill(draft, tokens)
+                stats = Stats(prompt_tokens=len(tokens))
+                start = clock()
+                dev0, t_calls, t_pen = clock.device, target.device.calls, target.device.penalised
+                d_calls, d_pen = draft.device.calls, draft.device.penalised
+                t_cap, d_cap = target.device.captures, draft.device.captures
+                generated, n_rounds, by_source = 0, 0, {}
+                for rnd in loop_module.rounds(target, drafter, tokens,
+                                              params, make_rng(0), k, stats, limit):
+                    n_rounds += 1
+                    by_source[rnd.drafter] = by_source.get(rnd.drafter, 0) + 1
+                    done = False
+                    for tok in rnd.tokens:
+                        if engine.target.is_eog(tok):
+                            done = True
+                            break
+                        generated += 1
+                        if generated >= limit:
+                            done = True
+                            break
+                    if done:
+                        break
+                seconds = clock() - start
+                runs.setdefault((prompt.id, name), []).append({
+                    "tokens": generated, "seconds": seconds, "rounds": n_rounds,
+                    "device_s": clock.device - dev0, "by_source": by_source,
+                    "target_calls": target.device.calls - t_calls,
+                    "target_penalised": target.device.penalised - t_pen,
+                    "draft_calls": draft.device.calls - d_calls,
+                    "draft_penalised": draft.device.penalised - d_pen,
+                    "target_captures": target.device.captures - t_cap,
+                    "draft_captures": draft.device.captures - d_cap})
+            memo.save()
+        print(f"repeat {rep + 1}: {memo.misses} model calls here so far", file=sys.stderr)
+
+    def rate(pid, name):
+        rs = sorted(r["tokens"] / r["seconds"] for r in runs[(pid, name)])
+        return rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
+
+    print("virtual H100 (model of the vendored ggml-cuda's graph rule, stop-33 figures); "
+          f"greedy, median of {args.repeats}, up to {args.max_tokens} tokens")
+    print(f"{'prompt':16} {'drafter':8} {'tok/s':>7} {'x none':>7} {'tok/rnd':>7} "
+          f"{'host%':>6} {'pen t/d':>9}  rounds by source")
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    for prompt in prompts:
+        base = rate(prompt.id, "none") if "none" in names else None
+        for name in names:
+            r = rate(prompt.id, name)
+            last = runs[(prompt.id, name)][-1]
+            x = r / base if base else float("nan")
+            ratios[name].append(x)
+            host = 1 - last["device_s"] / last["seconds"]
+            print(f"{prompt.id if name == names[0] else '':16} {name:8} {r:7.1f} {x:6.2f}x "
+                  f"{last['tokens'] / max(last['rounds'], 1):7.2f} {100 * host:5.1f}% "
+                  f"{last['target_penalised']:4}/{last['draft_penalised']:<4}  "
+                  f"{last['by_source']}")
+    print()
+    print(f"{'drafter':8} {'x none':>7} {'worst':>7}")
+    for name in names:
+        xs = ratios[name]
+        geo = math.exp(sum(math.log(x) for x in xs) / len(xs))
+        print(f"{name:8} {geo:6.3f}x {min(xs):6.3f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"runs": {f"{p}|{n}": v for (p, n), v in runs.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
