@@ -10,7 +10,8 @@ from edgespec.core.costs import (
     expected_tokens,
     measure_target_curve,
 )
-from edgespec.core.policy import PROBE_SLACK, AcceptanceEstimate, CostEstimate, Policy
+from edgespec.core.policy import (ENTRY_EVIDENCE, PROBE_SLACK, AcceptanceEstimate, CostEstimate,
+                                   Policy)
 from edgespec.core.sampling import SamplingParams, make_rng
 from edgespec.runtime.drafters import AutoDrafter, LookupDrafter, Outcome
 
@@ -250,7 +251,10 @@ def _choose_by_loop(policy, k_max, lookup_len=0, lookup_ngram=0, *, probe=False,
         if model:  # the draft model can always go on: its own call only
             return t(k + 1) + t.switch_penalty * own
         once = 1.0 - offer_rate  # paid once a stretch: over its expected length
-        if last_shape in (None, 1) or k + 1 == last_shape:  # entering, or the capture
+        entering = last_shape in (None, 1)
+        if entering and policy.lookup_estimate(lookup_ngram).evidence < ENTRY_EVIDENCE:
+            once = 1.0  # a stretch is only counted on with a record behind the n-gram size
+        if entering or k + 1 == last_shape:  # entering, or the capture
             return t(k + 1) + t.switch_penalty * added * once
         return t(k + 1) + t.switch_penalty * (own + (added - own) * once)  # a new width
 
@@ -290,6 +294,10 @@ def test_the_vectorised_choice_is_the_loop_over_k():
         policy.model = AcceptanceEstimate(float(rng.uniform(0, 1)))
         ngram = int(rng.integers(1, 6))
         policy.lookup[ngram] = AcceptanceEstimate(float(rng.choice([rng.uniform(0, 1), 1.0])))
+        if rng.random() < 0.6:  # a record behind it, below and above ENTRY_EVIDENCE
+            seen = float(rng.uniform(0, 2 * ENTRY_EVIDENCE))
+            policy.lookup[ngram].successes = seen * float(rng.uniform(0, 1))
+            policy.lookup[ngram].failures = seen - policy.lookup[ngram].successes
         k_max, lookup_len = int(rng.integers(0, 40)), int(rng.integers(0, 40))
         probe = bool(rng.random() < 0.2)
         longer = int(rng.integers(0, 6)) if probe else 0
@@ -466,6 +474,83 @@ def test_a_lone_draft_round_is_charged_three_penalties_and_a_settled_stretch_non
     assert total(4, 2) == pytest.approx([p, p, 0.0, p])
     assert total(4, 1) == pytest.approx([p] * 4)  # the capture is still to pay
     assert switch_charges(p, 4, 1, 2)[1] == pytest.approx(2 * p)  # the way back
+
+
+def test_a_round_from_plain_decoding_counts_on_a_stretch_only_with_a_record():
+    """With a switch penalty, a lookup round from steady plain decoding shares its way in and
+    back with the stretch expected to follow it only when its n-gram size has a record of at
+    least ENTRY_EVIDENCE observations: the same acceptance on the prior alone is charged the
+    full 3P (on the bench's code and chat, such rounds were lone and lost)."""
+    curve = CostCurve({1: 2.0e-3, 8: 2.7e-3, 16: 3.5e-3}, switch_penalty=2.4e-3)
+    policy = Policy(curve)
+    est = policy.lookup_estimate(6)  # prior 0.7, no record
+    state = dict(last_shape=1, last_run=40, offer_rate=0.8)
+    assert policy.choose(16, 12, 6, **state).source == "none"
+    est.successes, est.failures = 2.1, 0.9  # a record of 3 at the same estimate, 0.7
+    assert est.alpha == pytest.approx(0.7) and est.evidence >= ENTRY_EVIDENCE
+    assert policy.choose(16, 12, 6, **state).source == "lookup"
+    # within a stretch the record is not asked for: the entry is paid already
+    est.successes = est.failures = 0.0
+    assert policy.choose(16, 12, 6, last_shape=13, last_run=1, offer_rate=0.8).source == "lookup"
+
+
+class _ProbeCountingPolicy(Policy):
+    probes = 0
+
+    def choose(self, *args, **kw):
+        self.probes += bool(kw.get("probe"))
+        return super().choose(*args, **kw)
+
+
+@pytest.mark.parametrize("penalty", [0.0, 2.4e-3])
+def test_on_a_gpu_a_cost_probe_waits_for_a_stretch(penalty):
+    """A cost probe (a lookup draft predicted to lose a little, to measure t(k + 1)) is
+    considered every REPROBE_ROUNDS rounds. On a CPU (no switch penalty) it may come from plain
+    decoding; with a switch penalty a probe from plain decoding would be a lone round, 3P
+    dearer than its rate says once the estimate proves wrong, so it waits for a stretch."""
+    import numpy as np
+
+    policy = _ProbeCountingPolicy(CostCurve({1: 2.0e-3, 16: 6.0e-3}, switch_penalty=penalty))
+    auto = AutoDrafter(policy, _OfferingLookup(np.random.default_rng(0), 1.0, 6))
+    params = SamplingParams(temperature=0.0)
+    for _ in range(2 * AutoDrafter.REPROBE_ROUNDS):  # plain steps: every offer is wrong
+        draft = auto.propose([], 16, params, None)
+        assert not draft.tokens or not penalty
+        n = len(draft.tokens)
+        auto.observe(Outcome(draft, n, 0, [8], 0.0, policy.curve(n + 1)))
+        auto._last_shape, auto._run = 1, 9  # (steady plain decoding, whatever was played)
+    assert policy.probes == (0 if penalty else 2)
+    auto._last_shape, auto._run = 9, 1  # the last call drafted 8 tokens: within a stretch
+    auto.propose([], 16, params, None)
+    assert policy.probes == (1 if penalty else 2)
+
+
+def test_a_ban_is_cleared_only_on_a_settled_record():
+    """A source judged paying goes back to the shortest ban, but only once its last round's
+    dearer plain steps are charged: at the drafting round itself a record near break-even
+    looks better than it is, and clearing there kept a losing source's bans at the shortest."""
+    from edgespec.core.policy import GUARD_BAN, GUARD_EVIDENCE, Realized
+
+    r = Realized(plain_prior=2.0e-3)
+    for _ in range(10):
+        r.record("none", 1, 2.0e-3)
+    while r.allowed("lookup"):  # a first ban: 2 tokens in 3 ms, then 2.4 ms more to settle
+        r.record("lookup", 2, 3.0e-3)
+        r.record("none", 1, 4.4e-3)
+        r.record("none", 1, 4.4e-3)
+    assert r.ban["lookup"] == GUARD_BAN
+    while not r.allowed("lookup"):
+        r.record("none", 1, 2.0e-3)
+    # a stretch of 8 rounds of 4 tokens in 6.8 ms (588/s, above plain's 500/s) crosses
+    # GUARD_EVIDENCE paying; the two plain steps after it cost 12 ms more (465/s, losing)
+    for _ in range(8):
+        r.record("lookup", 4, 6.8e-3)
+        assert r.ban["lookup"] == GUARD_BAN  # not cleared before its debts are charged
+    assert r.sources["lookup"].tokens >= GUARD_EVIDENCE
+    r.record("none", 1, 8.0e-3)
+    r.record("none", 1, 8.0e-3)
+    assert not r.allowed("lookup")
+    assert r.ban["lookup"] == 2 * GUARD_BAN  # losing again: doubled
 
 
 class _GraphClock:

@@ -28,6 +28,11 @@ MARGIN = 0.03
 #: decoding's rate, to re-measure t(k + 1) (see :meth:`Policy.choose`).
 PROBE_SLACK = 0.25
 
+#: Observations (shadow comparisons, decayed) lookup's acceptance at an n-gram size needs
+#: before a round from plain decoding may count on a stretch following it (see
+#: :meth:`Policy.choose`); on a prior alone it is charged the whole way in and back.
+ENTRY_EVIDENCE = 3.0
+
 #: Old evidence fades by this factor per observation, so estimates follow the text's mood
 #: (a code block that is being copied, then free prose) within a few dozen rounds.
 DECAY = 0.95
@@ -192,20 +197,25 @@ class Realized:
                 seconds -= debt
                 if self.allowed(self._debtor):  # (else it was just set aside: no more to say)
                     self.sources[self._debtor].add(0, debt, 1.0)
-                    self._judge(self._debtor)
+                    self._judge(self._debtor, settled=not self._settle_left)
             self.plain.add(tokens, seconds, DECAY)
             return
         self.sources.setdefault(source, _Tally()).add(tokens, seconds, DECAY)
         self._debtor, self._settle_left = source, SETTLE_ROUNDS
-        self._judge(source)
+        self._judge(source, settled=False)
 
-    def _judge(self, source: str) -> None:
+    def _judge(self, source: str, settled: bool) -> None:
+        """Set ``source`` aside if its record is losing. It is only cleared of past bans on a
+        settled record (its last round's dearer plain steps charged): before them every
+        drafting round looks better than it is, and clearing there, where a record of rounds
+        near break-even often crosses, kept its bans at the shortest while it lost."""
         tally = self.sources[source]
         if tally.tokens < GUARD_EVIDENCE:
             return
         plain_rate = 1.0 / self.steady_plain()
         if tally.rate >= plain_rate:
-            self.ban.pop(source, None)
+            if settled:
+                self.ban.pop(source, None)
         elif tally.rate < GUARD_FRACTION * plain_rate:
             last = self.ban.get(source)
             ban = self.ban[source] = GUARD_BAN if last is None else min(2 * last, GUARD_BAN_MAX)
@@ -252,9 +262,13 @@ class Policy:
         that the next round has no lookup draft to go on with (the rate at which lookup has
         offered drafts lately), so over the stretch's expected length, and so is the graph's
         capture on a stretch's second round; a change of width within a stretch is charged in
-        full. A draft model can always go on: its rounds are charged their own calls and not
-        the way back. So a lone lookup round from steady plain decoding costs 3P, a stretch of
-        copying enters at little cost and keeps its k, and plain decoding is rated at its
+        full. Only a record counts for that: a round from plain decoding whose n-gram size has
+        fewer than ENTRY_EVIDENCE observations behind its acceptance is charged in full (on
+        the bench's code and chat prompts, lone rounds rated on the prior alone cost 3P each
+        and no stretch followed: 2-5% of an answer in ``scripts/gpu/replay.py``). A draft
+        model can always go on: its rounds are charged their own calls and not the way back.
+        So a lone lookup round from steady plain decoding costs 3P, a stretch of copying with
+        a record enters at little cost and keeps its k, and plain decoding is rated at its
         steady cost.
 
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
@@ -295,13 +309,15 @@ class Policy:
             # entering a stretch, capturing its graph and leaving it are paid once: amortised
             # over its expected length; a change of width within one is paid in full (else
             # the width would flap with every small change of the estimates, paying each time)
-            once = 1.0 - offer_rate
-            if last_shape is None or last_shape == 1:
+            estimate = self.lookup_estimate(lookup_ngram)
+            entering = last_shape is None or last_shape == 1
+            once = 1.0 if entering and estimate.evidence < ENTRY_EVIDENCE else 1.0 - offer_rate
+            if entering:
                 switches = (own[:n_lookup] + back) * once
             else:
                 shapes = counts_upto(n_lookup + 1, start=2)
                 switches = own[:n_lookup] * np.where(shapes == last_shape, once, 1.0) + back * once
-            rates = (expected_tokens_upto(self.lookup_estimate(lookup_ngram).alpha, n_lookup)
+            rates = (expected_tokens_upto(estimate.alpha, n_lookup)
                      / (times[:n_lookup] + switches + self.lookup_cost.seconds))
             rates[:longer_than] = -np.inf
             k = int(rates.argmax())

@@ -251,7 +251,8 @@ class AutoDrafter:
     draft model's acceptance is only learned when it drafts; it is tried again now and then if
     it could pay at all under the cost curve. Likewise, every REPROBE_ROUNDS rounds a lookup draft
     longer than the best (if it is predicted to lose at most PROBE_SLACK) is played, so that the
-    curve's t(k + 1) are measured, not assumed from one calibration sample. And what each
+    curve's t(k + 1) are measured, not assumed from one calibration sample (on a GPU, only
+    within a stretch of drafting rounds). And what each
     source's rounds actually delivered is kept (:class:`~edgespec.core.policy.Realized`): a
     source whose rounds gave fewer tokens per second than plain steps sits out a while,
     whatever the estimates say.
@@ -298,8 +299,12 @@ class AutoDrafter:
                 self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
                 choice = self.policy.choose(*offer, **calls)
         self._since_probe += 1
+        # With a switch penalty (a GPU), only within a stretch of drafting rounds: a probe from
+        # plain decoding is a lone round, 3P dearer than plain steps, for a rate that rests on
+        # an estimate it may prove wrong (3-5% of an answer on chat in scripts/gpu/replay.py).
         if (choice.source != "model" and shadow.tokens and calls["lookup"]
-                and self._since_probe >= self.REPROBE_ROUNDS):
+                and self._since_probe >= self.REPROBE_ROUNDS
+                and not (self.policy.curve.switch_penalty and self._last_shape in (None, 1))):
             probe = self.policy.choose(*offer, probe=True, longer_than=choice.k, **calls)
             if probe.k:
                 choice, self._since_probe = probe, 0
