@@ -315,6 +315,25 @@ def test_the_vectorised_choice_is_the_loop_over_k():
         assert np.allclose(table[1:], [curve(n) for n in range(1, 46)], rtol=1e-12, atol=1e-12), case
 
 
+def test_a_curves_lower_bound_is_the_least_t_over_its_range():
+    """CostCurve.lower_bound(lo, hi), which lets a choice skip rating lookup's every k, is no
+    larger than any t(n) for n in [lo, hi] as the table gives them, and (piecewise-linear
+    curves) equal to the least of them: on 2,000 random curves and ranges."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for case in range(2000):
+        ns = sorted(set(int(x) for x in rng.integers(1, 40, int(rng.integers(1, 6)))))
+        points = {n: float(rng.uniform(0.001, 0.02)) for n in ns}  # rising or not
+        width = int(rng.choice([0, 0, 0, 4, 8]))
+        curve = CostCurve(points, width=width)
+        lo = int(rng.integers(1, 50))
+        hi = lo + int(rng.integers(0, 20))
+        table = curve.table(hi)[lo:hi + 1]
+        assert curve.lower_bound(lo, hi) <= table.min() * (1 + 1e-12), case
+        assert curve.lower_bound(lo, hi) == pytest.approx(table.min(), rel=1e-9, abs=1e-12), case
+
+
 class _CountingPolicy(Policy):
     calls = 0
 
@@ -458,7 +477,7 @@ def test_auto_tells_the_curve_which_calls_paid_the_switch_penalty():
 
 
 def test_a_lone_draft_round_is_charged_three_penalties_and_a_settled_stretch_none():
-    from edgespec.core.policy import switch_charges
+    from edgespec.core.policy import entry_charge, switch_charges
 
     p = 1.0e-3
 
@@ -474,6 +493,8 @@ def test_a_lone_draft_round_is_charged_three_penalties_and_a_settled_stretch_non
     assert total(4, 2) == pytest.approx([p, p, 0.0, p])
     assert total(4, 1) == pytest.approx([p] * 4)  # the capture is still to pay
     assert switch_charges(p, 4, 1, 2)[1] == pytest.approx(2 * p)  # the way back
+    for state in ((1, 2), (1, 1), (1, 0), (None, 0), (None, 3)):  # the scalar the bound uses
+        assert total(*state) == pytest.approx([entry_charge(p, *state)] * 4)
 
 
 def test_a_round_from_plain_decoding_counts_on_a_stretch_only_with_a_record():
@@ -626,13 +647,14 @@ def test_on_gpu_costs_auto_skips_lone_drafts_that_the_return_to_plain_decoding_w
     plain = 1.0 / 2.0e-3
     assert _virtual_rate(0.3, 0.7) >= 0.95 * plain
     assert _virtual_rate(1.0, 0.95) >= 1.5 * plain
-    old = policy_mod.switch_charges
+    old = policy_mod.switch_charges, policy_mod.entry_charge
     try:  # the rule before: one penalty where the width changes, nothing for the return
         policy_mod.switch_charges = lambda p, n, last, run: (
             p * (policy_mod.counts_upto(n + 1, start=2) != last), 0.0)
+        policy_mod.entry_charge = lambda p, last, run: p
         assert _virtual_rate(0.3, 0.7) < 0.95 * plain
     finally:
-        policy_mod.switch_charges = old
+        policy_mod.switch_charges, policy_mod.entry_charge = old
 
 
 def test_realized_rates_set_a_losing_source_aside_and_charge_it_the_dearer_plain_steps():

@@ -161,6 +161,15 @@ class CostCurve:
     def _calls(self, n: int) -> int:
         return -(-max(n, 1) // self.width)
 
+    def lower_bound(self, lo: int, hi: int) -> float:
+        """A number no larger than t(n) for any n in [lo, hi] (as ``table`` gives them): the
+        staircase of a fixed width never falls, and a piecewise-linear curve (its end segments
+        extended) is least at one of its points or at an end of the range."""
+        if self.width:
+            return self(lo)
+        inside = [self.points[n] for n in self._ns if lo < n < hi]
+        return min(self(lo), self(hi), *inside)
+
     def shape(self, n: int) -> int:
         """The width of the call that scores n tokens (at a fixed width: always that width)."""
         return self.width or n

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import CostCurve, counts_upto, expected_tokens_upto
+from .costs import CostCurve, counts_upto, expected_tokens, expected_tokens_upto
 
 #: Drafting must promise this much more than plain decoding before it is chosen.
 MARGIN = 0.03
@@ -122,6 +122,13 @@ def switch_charges(penalty: float, n: int, last_shape: int | None,
     shapes = counts_upto(n + 1, start=2)
     own = penalty * ~replays_graph(shapes, last_shape, last_run)
     return own, 2.0 * penalty - settle_charge(penalty, last_shape, last_run)
+
+
+def entry_charge(penalty: float, last_shape: int | None, last_run: int) -> float:
+    """What :func:`switch_charges` charges a round of any k from plain decoding or the
+    prefill (``last_shape`` 1 or None), as one number: its own call is of a new width (P) and
+    it adds the way back. The scalar that :meth:`Policy.choose`'s bound needs, without arrays."""
+    return 3.0 * penalty - settle_charge(penalty, last_shape, last_run)
 
 
 #: Rounds one rating of the draft model serves while its inputs stay the same
@@ -292,7 +299,8 @@ class Policy:
         floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
         n_lookup = min(k_max, lookup_len) if lookup else 0
         n_model = k_max if model and self.draft_cost is not None and not probe else 0
-        rate_lookup = n_lookup > longer_than
+        rate_lookup = n_lookup > longer_than and self._lookup_may_pay(
+            n_lookup, lookup_ngram, floor, last_shape, last_run, offer_rate)
         model_key = (self.model.alpha, self.draft_cost.seconds, n_model, last_shape,
                      min(last_run, 2)) if n_model else None
         rated = self._rated_model(model_key)
@@ -334,6 +342,23 @@ class Policy:
             if rated[1] > max(best.rate if best.k else 0.0, floor):
                 best = Choice("model", rated[0], rated[1], baseline)
         return best
+
+    def _lookup_may_pay(self, n: int, ngram: int, floor: float, last_shape: int | None,
+                        last_run: int, offer_rate: float) -> bool:
+        """False where no lookup draft of 1 .. n tokens can rate above ``floor``, by a bound
+        that costs ~3 µs: the most tokens any of them promises (the longest's) over the least
+        time any of them takes. Rating every k over arrays costs ~20 µs, in every round that
+        lookup offers a draft; on a GPU those are mostly rounds from plain decoding whose entry
+        costs 3P, where the bound says no."""
+        t = self.curve
+        estimate = self.lookup_estimate(ngram)
+        least = max(t.lower_bound(2, n + 1), 1e-6) + self.lookup_cost.seconds
+        penalty = t.switch_penalty if not t.width else 0.0
+        if penalty and (last_shape is None or last_shape == 1):  # every k pays the same entry
+            once = 1.0 if estimate.evidence < ENTRY_EVIDENCE else 1.0 - offer_rate
+            least += entry_charge(penalty, last_shape, last_run) * once
+        # (a hair of slack: the arrays' float rounding must never decide against the bound)
+        return expected_tokens(estimate.alpha, n) / least > floor * (1.0 - 1e-9)
 
     def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
         """The draft model's last (best k, rate), if it may serve this round. Its inputs change
