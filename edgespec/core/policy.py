@@ -230,6 +230,15 @@ class Realized:
             self.sources[source] = _Tally()
 
 
+def _share(estimate: AcceptanceEstimate, entering: bool, offer_rate: float) -> float:
+    """The part of a stretch's once-paid penalties (entry, capture, way back) that one lookup
+    round is charged: 1 - ``offer_rate`` over the stretch's expected length, but all of it for
+    a round from plain decoding whose n-gram size has no record of ENTRY_EVIDENCE yet."""
+    if entering and estimate.evidence < ENTRY_EVIDENCE:
+        return 1.0
+    return 1.0 - offer_rate
+
+
 @dataclass
 class Policy:
     """Online estimates plus the arg-max rule. One per generation (acceptance depends on the
@@ -319,7 +328,7 @@ class Policy:
             # the width would flap with every small change of the estimates, paying each time)
             estimate = self.lookup_estimate(lookup_ngram)
             entering = last_shape is None or last_shape == 1
-            once = 1.0 if entering and estimate.evidence < ENTRY_EVIDENCE else 1.0 - offer_rate
+            once = _share(estimate, entering, offer_rate)
             if entering:
                 switches = (own[:n_lookup] + back) * once
             else:
@@ -355,8 +364,8 @@ class Policy:
         least = max(t.lower_bound(2, n + 1), 1e-6) + self.lookup_cost.seconds
         penalty = t.switch_penalty if not t.width else 0.0
         if penalty and (last_shape is None or last_shape == 1):  # every k pays the same entry
-            once = 1.0 if estimate.evidence < ENTRY_EVIDENCE else 1.0 - offer_rate
-            least += entry_charge(penalty, last_shape, last_run) * once
+            least += entry_charge(penalty, last_shape, last_run) * _share(estimate, True,
+                                                                          offer_rate)
         # (a hair of slack: the arrays' float rounding must never decide against the bound)
         return expected_tokens(estimate.alpha, n) / least > floor * (1.0 - 1e-9)
 

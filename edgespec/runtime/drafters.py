@@ -252,10 +252,9 @@ class AutoDrafter:
     it could pay at all under the cost curve. Likewise, every REPROBE_ROUNDS rounds a lookup draft
     longer than the best (if it is predicted to lose at most PROBE_SLACK) is played, so that the
     curve's t(k + 1) are measured, not assumed from one calibration sample (on a GPU, only
-    within a stretch of drafting rounds). And what each
-    source's rounds actually delivered is kept (:class:`~edgespec.core.policy.Realized`): a
-    source whose rounds gave fewer tokens per second than plain steps sits out a while,
-    whatever the estimates say.
+    within a stretch of drafting rounds). And what each source's rounds actually delivered is
+    kept (:class:`~edgespec.core.policy.Realized`): a source whose rounds gave fewer tokens per
+    second than plain steps sits out a while, whatever the estimates say.
     """
 
     name = "auto"
