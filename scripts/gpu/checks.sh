@@ -17,6 +17,11 @@
 # after 164 s of device time (the build at 114 of 350 steps); this script waited 188 s for the
 # build and then ran every section in 250 s (438 s in all), which left ~290 s for follow-ups
 # on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s).
+#
+# After the lease, on the CPU: `python scripts/gpu/replay.py --tree DIR` (DIR: a checkout of the
+# commit the lease ran) replays the same prompts on the virtual H100. Set its figures against
+# bench_greedy.txt's: where they part, the cost model needs the lease's numbers (TARGET_*,
+# DRAFT_* in replay.py; --capture-ms).
 set -u
 BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
 OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
