@@ -25,7 +25,8 @@ This is a model, not a measurement: check it against a lease's ``bench`` (run it
 ``--tree`` on the commit that lease measured) before trusting what it says of new code.
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
-       [-n 128] [--tree DIR] [--memo FILE] [--json FILE]
+       [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
+       [--prompts ID,...] [--json FILE]
 """
 from __future__ import annotations
 
@@ -214,7 +215,8 @@ def main() -> None:
     ap.add_argument("-r", "--repeats", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("--tree", help="an edgespec source tree to run (another commit's checkout)")
-    ap.add_argument("--memo", default=str(Path.home() / ".cache/edgespec/replay/default.pkl"))
+    ap.add_argument("--memo", help="the memo of picks (default: one per pair of model files, "
+                    "in ~/.cache/edgespec/replay)")
     ap.add_argument("--prompts", default="", help="comma-separated prompt ids (default: all)")
     ap.add_argument("--calibration", choices=sorted(CALIBRATIONS), default="sweep")
     ap.add_argument("--capture-ms", type=float, default=0.0,
@@ -242,7 +244,9 @@ def main() -> None:
         mod.time = virtual
 
     engine = Engine.load(progress=False)
-    memo = Memo(Path(args.memo))
+    pair = f"{Path(engine.target.path).stem}+{Path(engine.draft.path).stem}"
+    memo = Memo(Path(args.memo) if args.memo else
+                Path.home() / ".cache/edgespec/replay" / f"{pair}.pkl")
     target = Replayed("target", engine.target, memo, target_device(), clock)
     draft = Replayed("draft", engine.draft, memo, draft_device(), clock)
     points, penalty, per_token = CALIBRATIONS[args.calibration]
