@@ -308,8 +308,10 @@ class Policy:
         floor = baseline * (1.0 - PROBE_SLACK if probe else 1.0 + MARGIN)
         n_lookup = min(k_max, lookup_len) if lookup else 0
         n_model = k_max if model and self.draft_cost is not None and not probe else 0
-        rate_lookup = n_lookup > longer_than and self._lookup_may_pay(
-            n_lookup, lookup_ngram, floor, last_shape, last_run, offer_rate)
+        entering = last_shape is None or last_shape == 1  # a round from plain decoding
+        estimate = self.lookup_estimate(lookup_ngram) if n_lookup > longer_than else None
+        rate_lookup = estimate is not None and self._lookup_may_pay(
+            n_lookup, estimate, entering, floor, last_shape, last_run, offer_rate)
         model_key = (self.model.alpha, self.draft_cost.seconds, n_model, last_shape,
                      min(last_run, 2)) if n_model else None
         rated = self._rated_model(model_key)
@@ -326,8 +328,6 @@ class Policy:
             # entering a stretch, capturing its graph and leaving it are paid once: amortised
             # over its expected length; a change of width within one is paid in full (else
             # the width would flap with every small change of the estimates, paying each time)
-            estimate = self.lookup_estimate(lookup_ngram)
-            entering = last_shape is None or last_shape == 1
             once = _share(estimate, entering, offer_rate)
             if entering:
                 switches = (own[:n_lookup] + back) * once
@@ -352,18 +352,18 @@ class Policy:
                 best = Choice("model", rated[0], rated[1], baseline)
         return best
 
-    def _lookup_may_pay(self, n: int, ngram: int, floor: float, last_shape: int | None,
-                        last_run: int, offer_rate: float) -> bool:
+    def _lookup_may_pay(self, n: int, estimate: AcceptanceEstimate, entering: bool,
+                        floor: float, last_shape: int | None, last_run: int,
+                        offer_rate: float) -> bool:
         """False where no lookup draft of 1 .. n tokens can rate above ``floor``, by a bound
         that costs ~3 µs: the most tokens any of them promises (the longest's) over the least
         time any of them takes. Rating every k over arrays costs ~20 µs, in every round that
         lookup offers a draft; on a GPU those are mostly rounds from plain decoding whose entry
         costs 3P, where the bound says no."""
         t = self.curve
-        estimate = self.lookup_estimate(ngram)
         least = max(t.lower_bound(2, n + 1), 1e-6) + self.lookup_cost.seconds
         penalty = t.switch_penalty if not t.width else 0.0
-        if penalty and (last_shape is None or last_shape == 1):  # every k pays the same entry
+        if penalty and entering:  # every k pays the same entry
             least += entry_charge(penalty, last_shape, last_run) * _share(estimate, True,
                                                                           offer_rate)
         # (a hair of slack: the arrays' float rounding must never decide against the bound)
