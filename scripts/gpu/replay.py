@@ -35,10 +35,13 @@ import bisect
 import json
 import math
 import pickle
+import statistics
 import sys
 import time
 import types
 from pathlib import Path
+
+import numpy as np
 
 HERE = Path(__file__).resolve().parents[2]
 
@@ -83,6 +86,9 @@ class Device:
         self.run = 0
         self.calls = self.penalised = self.captures = 0
         self.capture_cost = 0.0  #: what a capture costs more than a call without a graph
+
+    def counts(self) -> dict[str, int]:
+        return {"calls": self.calls, "penalised": self.penalised, "captures": self.captures}
 
     def call(self, width: int) -> float:
         replay = width == self.last and self.run >= 2
@@ -156,12 +162,9 @@ class Replayed:
         return getattr(self.real, attr)
 
     def sync(self, prefix) -> int:
-        n = 0
-        for a, b in zip(self.tokens, prefix):
-            if a != b:
-                break
-            n += 1
-        return self.trim(n)
+        from edgespec.core.lookup import common_prefix  # (the tree main() put on the path)
+
+        return self.trim(common_prefix(self.tokens, prefix))
 
     def trim(self, n: int) -> int:
         del self.tokens[n:]
@@ -192,8 +195,6 @@ class Replayed:
         self.clock.device += seconds
 
     def decode_argmax(self, tokens, n_logits: int):
-        import numpy as np
-
         t0 = time.perf_counter()
         start = len(self.tokens)
         self.tokens.extend(tokens)
@@ -277,9 +278,8 @@ def main() -> None:
                     loop_module.prefill(draft, tokens)
                 stats = Stats(prompt_tokens=len(tokens))
                 start = clock()
-                dev0, t_calls, t_pen = clock.device, target.device.calls, target.device.penalised
-                d_calls, d_pen = draft.device.calls, draft.device.penalised
-                t_cap, d_cap = target.device.captures, draft.device.captures
+                dev0 = clock.device
+                before = {m.name: m.device.counts() for m in (target, draft)}
                 generated, n_rounds, by_source = 0, 0, {}
                 for rnd in loop_module.rounds(target, drafter, tokens,
                                               params, make_rng(0), k, stats, limit):
@@ -300,18 +300,13 @@ def main() -> None:
                 runs.setdefault((prompt.id, name), []).append({
                     "tokens": generated, "seconds": seconds, "rounds": n_rounds,
                     "device_s": clock.device - dev0, "by_source": by_source,
-                    "target_calls": target.device.calls - t_calls,
-                    "target_penalised": target.device.penalised - t_pen,
-                    "draft_calls": draft.device.calls - d_calls,
-                    "draft_penalised": draft.device.penalised - d_pen,
-                    "target_captures": target.device.captures - t_cap,
-                    "draft_captures": draft.device.captures - d_cap})
+                    **{f"{m.name}_{key}": count - before[m.name][key]
+                       for m in (target, draft) for key, count in m.device.counts().items()}})
             memo.save()
         print(f"repeat {rep + 1}: {memo.misses} model calls here so far", file=sys.stderr)
 
     def rate(pid, name):
-        rs = sorted(r["tokens"] / r["seconds"] for r in runs[(pid, name)])
-        return rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
+        return statistics.median(r["tokens"] / r["seconds"] for r in runs[(pid, name)])
 
     print("virtual H100 (model of the vendored ggml-cuda's graph rule, stop-33 figures); "
           f"greedy, median of {args.repeats}, up to {args.max_tokens} tokens")
