@@ -26,7 +26,7 @@ This is a model, not a measurement: check it against a lease's ``bench`` (run it
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
-       [--prompts ID,...] [--json FILE]
+       [--prompt-file FILE] [--prompts ID,...] [--json FILE]
 """
 from __future__ import annotations
 
@@ -218,6 +218,8 @@ def main() -> None:
     ap.add_argument("--tree", help="an edgespec source tree to run (another commit's checkout)")
     ap.add_argument("--memo", help="the memo of picks (default: one per pair of model files, "
                     "in ~/.cache/edgespec/replay)")
+    ap.add_argument("--prompt-file", help="a JSONL prompt set, as bench takes (default: the "
+                    "built-in one); scripts/gpu/heldout.jsonl holds prompts kept out of tuning")
     ap.add_argument("--prompts", default="", help="comma-separated prompt ids (default: all)")
     ap.add_argument("--calibration", choices=sorted(CALIBRATIONS), default="sweep")
     ap.add_argument("--capture-ms", type=float, default=0.0,
@@ -254,7 +256,7 @@ def main() -> None:
     target.device.capture_cost = args.capture_ms * 1e-3
     curve = CostCurve(dict(points), switch_penalty=penalty)
     engine.costs = engine_module.Costs(curve, per_token, 0.0)
-    prompts = load_prompts()
+    prompts = load_prompts(args.prompt_file)
     if args.prompts:
         keep = set(args.prompts.split(","))
         prompts = [p for p in prompts if p.id in keep]
