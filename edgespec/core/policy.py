@@ -9,8 +9,10 @@ linear cost model), and plain decoding is ``1 / t(1)``. The best rate wins; draf
 plain decoding by a small margin, so that noise in the estimates does not buy losing bets.
 
 Acceptance rates are learned online per source (for lookup, per matched n-gram length) as a
-geometric maximum-likelihood estimate with a prior and exponential forgetting. Pure arithmetic:
-no model, no llama_cpp.
+geometric maximum-likelihood estimate with a prior and exponential forgetting. A lookup draft
+is a chain: each accepted token lengthens the match by one, so its later tokens are judged by
+the estimates of longer n-grams (:meth:`Policy.lookup_expected`). Pure arithmetic: no model,
+no llama_cpp.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import CostCurve, counts_upto, expected_tokens, expected_tokens_upto
+from ..config import DEFAULT_MAX_NGRAM
+from .costs import CostCurve, counts_upto, expected_tokens_upto
 
 #: Drafting must promise this much more than plain decoding before it is chosen.
 MARGIN = 0.03
@@ -27,11 +30,6 @@ MARGIN = 0.03
 #: A cost probe plays lookup even when it is predicted to lose by up to this fraction of plain
 #: decoding's rate, to re-measure t(k + 1) (see :meth:`Policy.choose`).
 PROBE_SLACK = 0.25
-
-#: Observations (shadow comparisons, decayed) lookup's acceptance at an n-gram size needs
-#: before a round from plain decoding may count on a stretch following it (see
-#: :meth:`Policy.choose`); on a prior alone it is charged the whole way in and back.
-ENTRY_EVIDENCE = 3.0
 
 #: Old evidence fades by this factor per observation, so estimates follow the text's mood
 #: (a code block that is being copied, then free prose) within a few dozen rounds.
@@ -230,13 +228,22 @@ class Realized:
             self.sources[source] = _Tally()
 
 
-def _share(estimate: AcceptanceEstimate, entering: bool, offer_rate: float) -> float:
+def _chain_array(young: list[float], k_max: int) -> np.ndarray:
+    """:meth:`Policy.lookup_expected` from the estimates :meth:`Policy._chain` gathered."""
+    alphas = np.empty(k_max)
+    alphas[:len(young)] = young
+    alphas[len(young):] = young[-1]
+    np.cumprod(alphas, out=alphas)
+    np.cumsum(alphas, out=alphas)
+    alphas += 1.0
+    return alphas
+
+
+def _share(continue_rate: float) -> float:
     """The part of a stretch's once-paid penalties (entry, capture, way back) that one lookup
-    round is charged: 1 - ``offer_rate`` over the stretch's expected length, but all of it for
-    a round from plain decoding whose n-gram size has no record of ENTRY_EVIDENCE yet."""
-    if entering and estimate.evidence < ENTRY_EVIDENCE:
-        return 1.0
-    return 1.0 - offer_rate
+    round is charged: 1 - ``continue_rate`` (how often a lookup round had a lookup draft to go
+    on with in the round after it, lately), so over the stretch's expected length."""
+    return 1.0 - continue_rate
 
 
 @dataclass
@@ -251,6 +258,8 @@ class Policy:
     lookup: dict[int, AcceptanceEstimate] = field(default_factory=dict)
     #: prior for lookup by matched n-gram length: longer matches are likelier to continue
     lookup_prior: tuple[float, float] = (0.4, 0.7)  #: (at n-gram 1, at n-gram >= 4)
+    #: the longest n-gram lookup matches: where a draft's chain of estimates ends
+    max_ngram: int = DEFAULT_MAX_NGRAM
     #: the draft model's last rating: (its inputs, rounds it may still serve, (k, rate))
     _model_option: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -262,9 +271,56 @@ class Policy:
             est = self.lookup[ngram] = AcceptanceEstimate(prior)
         return est
 
+    def lookup_expected(self, ngram: int, k_max: int) -> np.ndarray:
+        """Expected tokens of a lookup round of k = 1 .. ``k_max`` drafts (index k - 1) from a
+        match of ``ngram`` tokens. Draft i (from 0) is only reached if the drafts before it
+        were right, and then the match is ``ngram + i`` tokens long; so it is accepted with the
+        estimate for that n-gram size (up to ``max_ngram``, where lookup's matches stop
+        growing): E(k) = 1 + sum over i < k of the product of a(min(ngram + j, cap)), j <= i.
+
+        One estimate for the whole draft (the n-gram it started from) undervalues a young
+        match that keeps on: in an edit, a copy that has run two tokens is rated like every
+        two-token match, though each token it gets right makes it a longer, surer one."""
+        if k_max <= 0:
+            return np.empty(0)
+        return _chain_array(self._chain(ngram, k_max)[0], k_max)
+
+    def _chain(self, ngram: int, k_max: int) -> tuple[list[float], float]:
+        """The estimates a draft of ``k_max`` tokens from a match of ``ngram`` meets while its
+        match grows (the last of them, the cap's, goes on for the rest), and the draft's
+        expected tokens E(k_max) as one number: a few scalar steps and a geometric tail, for
+        the bound that most rounds with an offer stop at (the arrays cost ~5 µs more)."""
+        cap = max(self.max_ngram, ngram)
+        last = min(cap, ngram + k_max - 1)
+        young = [self.lookup_estimate(n).alpha for n in range(ngram, last + 1)]
+        reached = total = 1.0
+        for a in young:
+            reached *= a
+            total += reached
+        rest = k_max - len(young)
+        if rest > 0:
+            a = young[-1]
+            total += reached * (rest if a >= 1.0 else a * (1.0 - a ** rest) / (1.0 - a))
+        return young, total
+
+    def observe_lookup(self, ngram: int, matched: int, rejected: bool) -> None:
+        """A lookup proposal from a match of ``ngram`` tokens had its first ``matched`` tokens
+        confirmed (then one refuted, if ``rejected``): each token is evidence for the n-gram
+        size the match had when it was reached, as :meth:`lookup_expected` rates it. One
+        update per size and round (forgetting goes by rounds, as for every estimate)."""
+        cap = max(self.max_ngram, ngram)
+        young = min(matched, cap - ngram)  # confirmed tokens reached before the match's cap
+        for i in range(young):
+            self.lookup_estimate(ngram + i).update(1, False)
+        refuted_at = min(ngram + matched, cap)
+        if matched > young or refuted_at == cap and rejected:
+            self.lookup_estimate(cap).update(matched - young, rejected and refuted_at == cap)
+        if rejected and refuted_at < cap:
+            self.lookup_estimate(refuted_at).update(0, True)
+
     def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0, *,
                probe: bool = False, longer_than: int = 0, last_shape: int | None = None,
-               last_run: int = 2, offer_rate: float = 0.0, lookup: bool = True,
+               last_run: int = 2, continue_rate: float = 0.0, lookup: bool = True,
                model: bool = True) -> Choice:
         """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers.
 
@@ -274,18 +330,18 @@ class Policy:
         in a row (llama.cpp's CUDA backend runs the first of a new width without a graph and
         captures one on the second), and plain decoding pays again to settle after drafting.
         Entering a stretch of drafting rounds and leaving it are shared by its rounds: a
-        lookup round from plain decoding is charged them times (1 - ``offer_rate``), the chance
-        that the next round has no lookup draft to go on with (the rate at which lookup has
-        offered drafts lately), so over the stretch's expected length, and so is the graph's
-        capture on a stretch's second round; a change of width within a stretch is charged in
-        full. Only a record counts for that: a round from plain decoding whose n-gram size has
-        fewer than ENTRY_EVIDENCE observations behind its acceptance is charged in full (on
-        the bench's code and chat prompts, lone rounds rated on the prior alone cost 3P each
-        and no stretch followed: 2-5% of an answer in ``scripts/gpu/replay.py``). A draft
-        model can always go on: its rounds are charged their own calls and not the way back.
-        So a lone lookup round from steady plain decoding costs 3P, a stretch of copying with
-        a record enters at little cost and keeps its k, and plain decoding is rated at its
-        steady cost.
+        lookup round from plain decoding is charged them times (1 - ``continue_rate``), the
+        chance that the round after it has no lookup draft to go on with, so over the
+        stretch's expected length, and so is the graph's capture on a stretch's second round;
+        a change of width within a stretch is charged in full. The chance is what happened
+        after lookup rounds lately, not how often lookup offers at all: in generated code
+        (an SQL schema's repeated column lines) lookup offers in most plain steps, yet the
+        round after a lookup round that broke off seldom has a draft, and rounds charged by
+        the offer rate ran 3P dearer each with no stretch after them (0.89x of ``none`` on
+        that prompt in ``scripts/gpu/replay.py``, against 1.01x). A draft model can always go
+        on: its rounds are charged their own calls and not the way back. So a lone lookup
+        round from steady plain decoding costs 3P, a stretch of copying that goes on enters
+        at little cost and keeps its k, and plain decoding is rated at its steady cost.
 
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
 
@@ -309,9 +365,9 @@ class Policy:
         n_lookup = min(k_max, lookup_len) if lookup else 0
         n_model = k_max if model and self.draft_cost is not None and not probe else 0
         entering = last_shape is None or last_shape == 1  # a round from plain decoding
-        estimate = self.lookup_estimate(lookup_ngram) if n_lookup > longer_than else None
-        rate_lookup = estimate is not None and self._lookup_may_pay(
-            n_lookup, estimate, entering, floor, last_shape, last_run, offer_rate)
+        chain = self._chain(lookup_ngram, n_lookup) if n_lookup > longer_than else None
+        rate_lookup = chain is not None and self._lookup_may_pay(
+            n_lookup, chain[1], entering, floor, last_shape, last_run, continue_rate)
         model_key = (self.model.alpha, self.draft_cost.seconds, n_model, last_shape,
                      min(last_run, 2)) if n_model else None
         rated = self._rated_model(model_key)
@@ -328,13 +384,13 @@ class Policy:
             # entering a stretch, capturing its graph and leaving it are paid once: amortised
             # over its expected length; a change of width within one is paid in full (else
             # the width would flap with every small change of the estimates, paying each time)
-            once = _share(estimate, entering, offer_rate)
+            once = _share(continue_rate)
             if entering:
                 switches = (own[:n_lookup] + back) * once
             else:
                 shapes = counts_upto(n_lookup + 1, start=2)
                 switches = own[:n_lookup] * np.where(shapes == last_shape, once, 1.0) + back * once
-            rates = (expected_tokens_upto(estimate.alpha, n_lookup)
+            rates = (_chain_array(chain[0], n_lookup)
                      / (times[:n_lookup] + switches + self.lookup_cost.seconds))
             rates[:longer_than] = -np.inf
             k = int(rates.argmax())
@@ -352,22 +408,20 @@ class Policy:
                 best = Choice("model", rated[0], rated[1], baseline)
         return best
 
-    def _lookup_may_pay(self, n: int, estimate: AcceptanceEstimate, entering: bool,
-                        floor: float, last_shape: int | None, last_run: int,
-                        offer_rate: float) -> bool:
+    def _lookup_may_pay(self, n: int, most: float, entering: bool, floor: float,
+                        last_shape: int | None, last_run: int, continue_rate: float) -> bool:
         """False where no lookup draft of 1 .. n tokens can rate above ``floor``, by a bound
-        that costs ~3 µs: the most tokens any of them promises (the longest's) over the least
-        time any of them takes. Rating every k over arrays costs ~20 µs, in every round that
-        lookup offers a draft; on a GPU those are mostly rounds from plain decoding whose entry
-        costs 3P, where the bound says no."""
+        that costs ~3 µs: the most tokens any of them promises (``most``, the longest's) over
+        the least time any of them takes. Rating every k over arrays costs ~20 µs, in every
+        round that lookup offers a draft; on a GPU those are mostly rounds from plain decoding
+        whose entry costs 3P, where the bound says no."""
         t = self.curve
         least = max(t.lower_bound(2, n + 1), 1e-6) + self.lookup_cost.seconds
         penalty = t.switch_penalty if not t.width else 0.0
         if penalty and entering:  # every k pays the same entry
-            least += entry_charge(penalty, last_shape, last_run) * _share(estimate, True,
-                                                                          offer_rate)
+            least += entry_charge(penalty, last_shape, last_run) * _share(continue_rate)
         # (a hair of slack: the arrays' float rounding must never decide against the bound)
-        return expected_tokens(estimate.alpha, n) / least > floor * (1.0 - 1e-9)
+        return most / least > floor * (1.0 - 1e-9)
 
     def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
         """The draft model's last (best k, rate), if it may serve this round. Its inputs change
