@@ -100,6 +100,63 @@ def test_lookup_drafter_proposes_one_hot_drafts():
     assert (empty.tokens, empty.source) == ([], "lookup")
 
 
+def test_lookup_drafter_follows_the_copy_it_proposed():
+    """Two lines share "3 4": copying the first, once "3 4" has been written the most recent
+    occurrence of the suffix is in the second line (its continuation: 8); the drafter goes on
+    with the line it was copying (5 6), as the text has followed it so far."""
+    d = LookupDrafter(max_ngram=2, min_ngram=2)
+    params, rng = SamplingParams(), make_rng(0)
+    text = [1, 2, 3, 4, 5, 6, 7, 3, 4, 8, 0]
+    context = text + [1, 2]
+    assert d.propose(context, 4, params, rng).tokens == [3, 4, 5, 6]  # the only (1, 2)
+    context += [3, 4]  # the text followed the copy
+    assert find_continuation(context, max_ngram=2, min_ngram=2, max_tokens=4).tokens == [8, 0, 1, 2]
+    draft = d.propose(context, 4, params, rng)
+    assert (draft.tokens, draft.ngram) == ([5, 6, 7, 3], 2)
+
+
+def test_lookup_drafter_leaves_a_copy_the_text_left():
+    d = LookupDrafter(max_ngram=2, min_ngram=2)
+    params, rng = SamplingParams(), make_rng(0)
+    context = [1, 2, 3, 4, 5, 6, 7, 3, 4, 8, 0, 1, 2]
+    d.propose(context, 4, params, rng)
+    context += [9, 3, 4]  # not what the copy said: back to the most recent occurrence
+    assert d.propose(context, 4, params, rng).tokens == [8, 0, 1, 2]
+    other = [1, 2, 3, 4, 5, 6, 7, 3, 4, 8, 0, 1, 2, 3, 4]  # another list: no copy to follow
+    assert d.propose(other, 4, params, rng).tokens == [8, 0, 1, 2]
+    # left and back: the last two tokens are the copy's again, but the text did not follow it
+    context = [1, 2, 3, 4, 5, 6, 7, 4, 5, 8, 0, 1, 2]
+    assert d.propose(context, 4, params, rng).tokens == [3, 4, 5, 6]
+    context += [9, 4, 5]
+    assert d.propose(context, 4, params, rng).tokens == [8, 0, 1, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=4, max_size=40), st.integers(1, 3),
+       st.integers(0, 3), st.lists(st.tuples(st.booleans(), st.integers(1, 5)), max_size=25))
+def test_every_lookup_proposal_is_a_real_match(prompt, min_ngram, extra, steps):
+    """Grown round by round, the text following the proposal or not: every proposal the
+    drafter makes is the continuation of an earlier occurrence of the text's last ``ngram``
+    tokens, min_ngram <= ngram <= max_ngram, and it proposes something exactly where the
+    reference finds a match (following a copy changes which match, never whether)."""
+    max_ngram = min_ngram + extra
+    d = LookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+    params, rng = SamplingParams(), make_rng(0)
+    context = list(prompt)
+    for follow, n_new in steps:
+        draft = d.propose(context, 6, params, rng)
+        ref = find_continuation(context, max_ngram=max_ngram, min_ngram=min_ngram,
+                                max_tokens=6)
+        assert bool(draft.tokens) == (ref is not None)
+        if draft.tokens:
+            n, k, end = draft.ngram, len(draft.tokens), len(context)
+            assert min_ngram <= n <= max_ngram
+            assert any(context[s - n:s] == context[end - n:] and context[s:s + k] == draft.tokens
+                       for s in range(n, end))
+        new = draft.tokens[:n_new] if follow and draft.tokens else [(len(context) * 7) % 5]
+        context += new
+
+
 @pytest.mark.parametrize("max_ngram,min_ngram", [(2, 3), (3, 0)])
 def test_lookup_drafter_rejects_bad_ngram_sizes(max_ngram, min_ngram):
     with pytest.raises(ConfigError):

@@ -9,7 +9,7 @@ Pure NumPy; no model involved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +21,8 @@ class LookupMatch:
 
     tokens: list[int]
     ngram: int
+    #: where in the text the continuation starts (-1: not told); not part of equality
+    start: int = field(default=-1, compare=False)
 
 
 def find_continuation(
@@ -44,7 +46,7 @@ def find_continuation(
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return LookupMatch(arr[start : start + max_tokens].tolist(), n)
+            return LookupMatch(arr[start : start + max_tokens].tolist(), n, start)
     return None
 
 
@@ -85,7 +87,7 @@ class NgramIndex:
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
             s = self._maps[n].get(tuple(tokens[n_tok - n:]))
             if s is not None:
-                return LookupMatch(tokens[s:s + max_tokens], n)
+                return LookupMatch(tokens[s:s + max_tokens], n, s)
         return None
 
 
