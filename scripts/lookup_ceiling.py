@@ -47,7 +47,7 @@ def replay(prompt, gen, t: CostCurve, mode: str, cap: int = config.AUTO_MAX_DRAF
         cost += t(k + 1)
         if mode == "auto" and proposal:
             seen = matched(proposal, gen[i:i + emitted])
-            policy.lookup_estimate(ngram).update(seen, seen < min(len(proposal), emitted))
+            policy.observe_lookup(ngram, seen, seen < min(len(proposal), emitted))
         i += emitted
     return len(gen) * t(1) / cost
 

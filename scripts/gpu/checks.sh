@@ -19,9 +19,10 @@
 # on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s).
 #
 # After the lease, on the CPU: `python scripts/gpu/replay.py --tree DIR` (DIR: a checkout of the
-# commit the lease ran) replays the same prompts on the virtual H100. Set its figures against
-# bench_greedy.txt's: where they part, the cost model needs the lease's numbers (TARGET_*,
-# DRAFT_* in replay.py; --capture-ms).
+# commit the lease ran) replays the same prompts on the virtual H100 (add `--prompt-file
+# scripts/gpu/heldout.jsonl` for section 2b's). Set its figures against bench_greedy.txt's
+# and bench_heldout.txt's: where they part, the cost model needs the lease's numbers
+# (TARGET_*, DRAFT_* in replay.py; --capture-ms).
 set -u
 BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
 OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
@@ -79,6 +80,9 @@ print('LOADED numpy-first engine')"
 
 section "2 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
 TAIL=70 run 240 bench_greedy $ES bench $GPU -r 2 $ANCH --json "$R/bench_greedy.json" --plot "$R/bench_greedy.png"
+
+section "2b the held-out prompts (scripts/gpu/heldout.jsonl): does auto hold on text it was not tuned on?"
+TAIL=40 run 150 bench_heldout $ES bench $GPU -r 1 --prompts scripts/gpu/heldout.jsonl --drafters none,lookup,hybrid,auto --json "$R/bench_heldout.json" --plot "$R/bench_heldout.png"
 
 section "3 where auto loses to none: auto against variants of its policy, one engine (issue 11)"
 TAIL=25 run 120 auto_variants python3 scripts/gpu/auto_variants.py "$T" "$D" --ngl -1 -r 3 --json "$R/auto_variants.json"
