@@ -845,6 +845,35 @@ def test_the_realized_check_catches_a_cost_the_estimates_miss():
         policy_mod.GUARD_FRACTION = saved
 
 
+def test_a_draft_model_that_cannot_pay_is_not_rated():
+    """On the H100's costs (t(1) 2.2 ms, a 2.4 ms switch penalty, 1.24 ms a drafted token) the
+    model at its prior acceptance cannot beat plain decoding from plain decoding: a scalar
+    bound says so and its k are not rated over arrays (20-50 µs in the loop). Where it can
+    pay (a sure model, within a stretch of its width) it is rated and chosen as before."""
+    from edgespec.core import policy as policy_mod
+
+    curve = CostCurve({1: 2.21e-3, 4: 3.16e-3, 8: 3.39e-3, 16: 4.86e-3, 33: 6.19e-3},
+                      switch_penalty=2.38e-3)
+    policy = Policy(curve, CostEstimate(1.24e-3))
+    ratings = []
+    original = policy_mod.expected_tokens_upto
+
+    def counting(alpha, k):
+        ratings.append(alpha)
+        return original(alpha, k)
+
+    policy_mod.expected_tokens_upto = counting
+    try:
+        for run in range(2, 40):
+            assert policy.choose(32, last_shape=1, last_run=run).source == "none"
+        assert ratings == []
+        policy.model = AcceptanceEstimate(0.97)
+        choice = policy.choose(32, last_shape=9, last_run=2)
+        assert len(ratings) == 1 and choice.source == "model"
+    finally:
+        policy_mod.expected_tokens_upto = original
+
+
 def test_the_draft_models_rating_serves_a_few_rounds_while_its_inputs_stay():
     """Rating every k of the draft model is most of a choice's work; its inputs move only when
     it drafts or the shapes change, so one rating serves MODEL_REUSE rounds, and any change of

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import DEFAULT_MAX_NGRAM
-from .costs import CostCurve, counts_upto, expected_tokens_upto
+from .costs import CostCurve, counts_upto, expected_tokens, expected_tokens_upto
 
 #: Drafting must promise this much more than plain decoding before it is chosen.
 MARGIN = 0.03
@@ -371,6 +371,10 @@ class Policy:
         model_key = (self.model.alpha, self.draft_cost.seconds, n_model, last_shape,
                      min(last_run, 2)) if n_model else None
         rated = self._rated_model(model_key)
+        if rated is None and n_model and not self._model_may_pay(n_model, floor, last_shape,
+                                                                 last_run):
+            rated = (0, 0.0)  # no k can beat plain decoding: a rating that never wins
+            self._model_option = (model_key, MODEL_REUSE - 1, rated)
         if not rate_lookup and (not n_model or rated is not None):
             if rated is not None and rated[1] > floor:
                 best = Choice("model", rated[0], rated[1], baseline)
@@ -422,6 +426,22 @@ class Policy:
             least += entry_charge(penalty, last_shape, last_run) * _share(continue_rate)
         # (a hair of slack: the arrays' float rounding must never decide against the bound)
         return most / least > floor * (1.0 - 1e-9)
+
+    def _model_may_pay(self, n: int, floor: float, last_shape: int | None,
+                       last_run: int) -> bool:
+        """False where no draft-model round of 1 .. n tokens can rate above ``floor``: the most
+        tokens any of them promises (the longest's) over the least time any takes, which is
+        the curve's least t over their widths, one drafted token, and the switch penalty
+        where none of their widths would replay a graph. Rating every k costs 20-50 µs in the
+        loop (the curve's row, the penalties, the expected tokens: cold arrays after a
+        decode), and on a GPU the model loses from plain decoding at its prior acceptance,
+        so this is most of the rounds that rate it."""
+        t = self.curve
+        least = max(t.lower_bound(2, n + 1), 1e-6) + self.draft_cost.seconds
+        if t.switch_penalty and not t.width and not (
+                last_shape is not None and 2 <= last_shape <= n + 1 and last_run >= 2):
+            least += t.switch_penalty
+        return expected_tokens(self.model.alpha, n) / least > floor * (1.0 - 1e-9)
 
     def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
         """The draft model's last (best k, rate), if it may serve this round. Its inputs change
