@@ -127,3 +127,53 @@ def test_the_virtual_clock_counts_the_modelled_gpu_time_not_the_answering():
     assert clock.device == pytest.approx(modelled)
     assert modelled <= clock() - start < modelled + 5e-3  # the 60 ms of stalls are not there
     assert np.all(np.asarray(target.tokens) == [1, 2, 3, 4, 5, 6])
+
+
+def test_the_lookup_ceiling_is_the_best_schedule_of_draft_lengths():
+    """lookup_ceiling: with every call costing 1 whatever its width and no penalty, the best
+    schedule drafts everything lookup gets right, so the ceiling is tokens over rounds; with
+    nothing to copy it is plain decoding (1.0); with a switch penalty it is the dynamic
+    programme's least time, checked against every schedule of a short answer by brute force."""
+    import itertools
+
+    flat = replay.Device(lambda w: 1.0, lambda w: 0.0)
+    prompt = list(range(100, 120))
+    # the answer copies the prompt's 20 tokens after a 2-token start, then 4 new tokens
+    answer = [100, 101, *range(102, 120), 7, 8, 9, 6]
+    ceiling = replay.lookup_ceiling(prompt, answer, LookupDrafter(), flat)
+    # 2 plain steps (no match yet), one round of 18 right + 1, then 3 plain steps
+    assert ceiling == pytest.approx(len(answer) / 6)
+    assert replay.lookup_ceiling(prompt, [1, 2, 3, 4, 5], LookupDrafter(), flat) == 1.0
+
+    graph = replay.Device(lambda w: 1.0 + 0.1 * w, lambda w: 0.6)
+    answer = [100, 101, 102, 103, 104, 9, 100, 101]
+    got = replay.lookup_ceiling(prompt, answer, LookupDrafter(), graph, k_max=4)
+
+    def brute():  # every choice of k at every round: least time to finish
+        offers, context, lookup = [], list(prompt), LookupDrafter()
+        for i in range(len(answer)):  # (proposals as in plain steps: one growing text)
+            d = lookup.propose(context, 4, None, None).tokens
+            right = 0
+            while right < len(d) and i + right < len(answer) and d[right] == answer[i + right]:
+                right += 1
+            offers.append((len(d), right))
+            context.append(answer[i])
+        best = float("inf")
+        for ks in itertools.product(range(5), repeat=len(answer)):
+            i, t, last, run = 0, 0.0, 0, 1
+            for k in ks:
+                if i >= len(answer):
+                    break
+                if k > offers[i][0]:
+                    t = float("inf")
+                    break
+                w = k + 1
+                t += 1.0 + 0.1 * w + (0.0 if (w == last and run >= 2) else 0.6)
+                run, last = (run + 1 if w == last else 1), w
+                i += min(k, offers[i][1]) + 1
+            if i >= len(answer):
+                best = min(best, t)
+        return best
+
+    plain = sum(1.1 + (0.0 if i >= 2 else 0.6) for i in range(len(answer)))
+    assert got > 1.1 and got == pytest.approx(plain / brute())

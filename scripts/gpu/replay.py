@@ -26,7 +26,7 @@ This is a model, not a measurement: check it against a lease's ``bench`` (run it
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
-       [--prompt-file FILE] [--prompts ID,...] [--json FILE]
+       [--prompt-file FILE] [--prompts ID,...] [--ceiling] [--json FILE]
 """
 from __future__ import annotations
 
@@ -210,6 +210,52 @@ class Replayed:
         return out
 
 
+def lookup_ceiling(prompt: list[int], answer: list[int], lookup, device: Device,
+                   k_max: int = 32) -> float:
+    """How much faster than plain decoding prompt lookup could make ``answer`` on ``device``,
+    with perfect foresight: the schedule of draft lengths (0 .. what lookup offers) that takes
+    the least modelled device time, found by dynamic programming over (position, last width,
+    whether it replays), against plain decoding's time under the same model. ``lookup``'s
+    proposals are taken as in plain steps (one token committed a round). No host time on
+    either side: a bound for any lookup policy, to say how far ``auto`` is from it."""
+    context = list(prompt)
+    offers: list[tuple[int, int]] = []  # (tokens offered, how many of them are right)
+    for i in range(len(answer)):
+        draft = lookup.propose(context, k_max, None, None)
+        right = 0
+        while (right < len(draft.tokens) and i + right < len(answer)
+               and draft.tokens[right] == answer[i + right]):
+            right += 1
+        offers.append((len(draft.tokens), right))
+        context.append(answer[i])
+    n = len(answer)
+
+    def cost(width: int, last: int, run: int) -> float:
+        paid = not (width == last and run >= 2)
+        return device.steady(width) + (device.penalty(width) if paid else 0.0)
+
+    # best[(last, run)] at position i: the least time to finish from i; filled from the end
+    states = [(w, r) for w in range(0, k_max + 2) for r in (1, 2)]
+    after = {state: 0.0 for state in states}
+    table = [after]
+    for i in range(n - 1, -1, -1):
+        here = {}
+        offered, right = offers[i]
+        for last, run in states:
+            best = math.inf
+            for k in range(offered + 1):
+                width = k + 1
+                nxt = min(i + min(k, right) + 1, n)
+                state = (width, min(run + 1, 2) if width == last else 1)
+                rest = table[n - nxt][state] if nxt < n else 0.0
+                best = min(best, cost(width, last, run) + rest)
+            here[(last, run)] = best
+        table.append(here)
+    fastest = table[n][(0, 1)]
+    plain = sum(cost(1, 1 if i else 0, min(i, 2)) for i in range(n))
+    return plain / fastest if fastest else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafters", default="none,lookup,model,hybrid,auto")
@@ -224,6 +270,9 @@ def main() -> None:
     ap.add_argument("--calibration", choices=sorted(CALIBRATIONS), default="sweep")
     ap.add_argument("--capture-ms", type=float, default=0.0,
                     help="what a graph capture costs more than a call without one (target)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also the lookup ceiling: perfect-foresight lookup on the same "
+                    "answers and device model (needs drafter none)")
     ap.add_argument("--json")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.tree).resolve() if args.tree else HERE))
@@ -327,6 +376,25 @@ def main() -> None:
                   f"{last['tokens'] / max(last['rounds'], 1):7.2f} {100 * host:5.1f}% "
                   f"{last['target_penalised']:4}/{last['draft_penalised']:<4}  "
                   f"{last['by_source']}")
+    if args.ceiling and "none" in names:
+        from edgespec.runtime.drafters import LookupDrafter
+
+        ratios["ceiling"] = []
+        for prompt in prompts:
+            tokens = engine.prompt_tokens(prompt.payload, chat=not prompt.raw)
+            limit = prompt.max_tokens or args.max_tokens
+            answer, context = [], list(tokens)
+            while len(answer) < limit:  # the greedy answer, from the memo none filled
+                pick = memo.picks.get(("target", hash(tuple(context))))
+                if pick is None or engine.target.is_eog(pick):
+                    break
+                answer.append(pick)
+                context.append(pick)
+            x = lookup_ceiling(tokens, answer, LookupDrafter(), target_device())
+            ratios["ceiling"].append(x)
+            print(f"{prompt.id:16} ceiling {x:6.2f}x  (lookup, perfect foresight, device "
+                  "time only)")
+        names = names + ["ceiling"]
     print()
     print(f"{'drafter':8} {'x none':>7} {'worst':>7}")
     for name in names:
