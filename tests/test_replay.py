@@ -177,3 +177,13 @@ def test_the_lookup_ceiling_is_the_best_schedule_of_draft_lengths():
 
     plain = sum(1.1 + (0.0 if i >= 2 else 0.6) for i in range(len(answer)))
     assert got > 1.1 and got == pytest.approx(plain / brute())
+
+
+def test_a_measured_device_costs_its_curve_and_its_penalty_after_a_change_of_width():
+    """--machine: a bench calibration as a device: t(n) from its curve (interpolated), and
+    the switch penalty on a call that is not the third of its width in a row (0 on a CPU)."""
+    cpu = replay.measured_device({1: 0.05, 4: 0.17}, 0.0)
+    assert [cpu.call(w) for w in (1, 1, 4, 2)] == pytest.approx([0.05, 0.05, 0.17, 0.09])
+    gpu = replay.measured_device({1: 2e-3, 4: 3e-3}, 1e-3)
+    assert [gpu.call(1) for _ in range(3)] == pytest.approx([3e-3, 3e-3, 2e-3])
+    assert gpu.call(4) == pytest.approx(4e-3)

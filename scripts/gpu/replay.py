@@ -26,7 +26,8 @@ This is a model, not a measurement: check it against a lease's ``bench`` (run it
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
-       [--prompt-file FILE] [--prompts ID,...] [--ceiling] [--json FILE]
+       [--prompt-file FILE] [--prompts ID,...] [--machine BENCH_JSON] [--ceiling]
+       [--json FILE]
 """
 from __future__ import annotations
 
@@ -100,6 +101,12 @@ class Device:
         self.captures += capture
         return (self.steady(width) + (0.0 if replay else self.penalty(width))
                 + (self.capture_cost if capture else 0.0))
+
+
+def measured_device(curve: dict[int, float], penalty: float) -> Device:
+    """A device as a bench calibration saw it: a call costs the curve's t(n), and the switch
+    penalty more unless it is the third of its width in a row (none on a CPU)."""
+    return Device(lambda w: interpolate(curve, w), lambda w: penalty)
 
 
 def target_device() -> Device:
@@ -270,6 +277,10 @@ def main() -> None:
     ap.add_argument("--calibration", choices=sorted(CALIBRATIONS), default="sweep")
     ap.add_argument("--capture-ms", type=float, default=0.0,
                     help="what a graph capture costs more than a call without one (target)")
+    ap.add_argument("--machine", metavar="BENCH_JSON",
+                    help="replay on the machine a bench results file calibrated (its target "
+                    "curve, switch penalty and draft cost) instead of the H100: on a CPU, the "
+                    "same choices as bench makes there without its timing noise")
     ap.add_argument("--ceiling", action="store_true",
                     help="also the lookup ceiling: perfect-foresight lookup on the same "
                     "answers and device model (needs drafter none)")
@@ -299,9 +310,19 @@ def main() -> None:
     pair = f"{Path(engine.target.path).stem}+{Path(engine.draft.path).stem}"
     memo = Memo(Path(args.memo) if args.memo else
                 Path.home() / ".cache/edgespec/replay" / f"{pair}.pkl")
-    target = Replayed("target", engine.target, memo, target_device(), clock)
-    draft = Replayed("draft", engine.draft, memo, draft_device(), clock)
     points, penalty, per_token = CALIBRATIONS[args.calibration]
+    devices = (target_device(), draft_device())
+    where = "virtual H100 (model of the vendored ggml-cuda's graph rule, stop-33 figures)"
+    if args.machine:
+        calibration = json.loads(Path(args.machine).read_text())["machine"]["calibration"]
+        points = {int(n): t for n, t in calibration["target_curve"].items()}
+        penalty, per_token = calibration["switch_penalty"], calibration["draft_per_token"]
+        devices = (measured_device(points, penalty),  # (a draft call: n tokens, n x its cost)
+                   measured_device({1: per_token, 2: 2 * per_token}, 0.0))
+        where = f"the machine {args.machine} calibrated"
+    target = Replayed("target", engine.target, memo, devices[0], clock)
+    draft = Replayed("draft", engine.draft, memo, devices[1], clock)
+    target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
     target.device.capture_cost = args.capture_ms * 1e-3
     curve = CostCurve(dict(points), switch_penalty=penalty)
     engine.costs = engine_module.Costs(curve, per_token, 0.0)
@@ -359,8 +380,7 @@ def main() -> None:
     def rate(pid, name):
         return statistics.median(r["tokens"] / r["seconds"] for r in runs[(pid, name)])
 
-    print("virtual H100 (model of the vendored ggml-cuda's graph rule, stop-33 figures); "
-          f"greedy, median of {args.repeats}, up to {args.max_tokens} tokens")
+    print(f"{where}; greedy, median of {args.repeats}, up to {args.max_tokens} tokens")
     print(f"{'prompt':16} {'drafter':8} {'tok/s':>7} {'x none':>7} {'tok/rnd':>7} "
           f"{'host%':>6} {'pen t/d':>9}  rounds by source")
     ratios: dict[str, list[float]] = {n: [] for n in names}
@@ -390,7 +410,7 @@ def main() -> None:
                     break
                 answer.append(pick)
                 context.append(pick)
-            x = lookup_ceiling(tokens, answer, LookupDrafter(), target_device())
+            x = lookup_ceiling(tokens, answer, LookupDrafter(), devices[0])
             ratios["ceiling"].append(x)
             print(f"{prompt.id:16} ceiling {x:6.2f}x  (lookup, perfect foresight, device "
                   "time only)")
