@@ -105,6 +105,11 @@ close_rows = st.lists(st.one_of(st.floats(-1, 1, width=32), st.sampled_from([0.0
 @example(np.array([0.0 if i % 2 == 0 else -3 - 0.01 * i for i in range(200)], np.float32),
          SamplingParams(temperature=1.0, top_p=0.99), 1, (100, 0), False)  # the sample (even
 # ids) sees no light token: the guessed band is above the cut, the check must send it to the bins
+@example(np.array([0.0] * 17 + [1.0, -1.401298464324817e-45, 0.0, 1.0], np.float32),
+         SamplingParams(temperature=0.25, top_p=0.99), 1, (4096, 24), False)  # a logit of
+# -1e-45 weighs what 0 does, and the cut lies inside that tie: top-p's candidates (logits at
+# or above a guessed 0) must take it, so that the tie goes to the lower id as in the reference
+# (found by this test in CI)
 def test_wide_row_paths_equal_the_dense_reference(row, params, guess, bracket, key_sort):
     # Small rows made to take the paths of a wide one: every row counts as wide, and top-p
     # first looks among `guess` most likely tokens, then (a flat row) brackets the cut from a

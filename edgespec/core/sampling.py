@@ -501,13 +501,17 @@ def _top_ids(x: np.ndarray, k: int, t: float, maxima: _Maxima | None) -> np.ndar
     return _top_candidates(x, k)[0] if maxima is None else maxima.top_ids(k, t)
 
 
-def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+def _top_candidates(x: np.ndarray, k: int, top: float | None = None,
+                    t: float = 1.0) -> tuple[np.ndarray, float]:
     """Ids of a superset of the k largest logits (all ids tied with the k-th included), and a
     floor every other logit is below (``-inf`` when the ids are the whole row).
 
     The threshold is guessed from a strided sample of the row (its value of rank ~4k + 16 when
     scaled up), then checked: at least k ids at or above it, else a guess 4x deeper in the
-    sample, and the whole row only when the sample runs out.
+    sample, and the whole row only when the sample runs out. With ``top`` (the row's largest
+    logit) and ``t``, the ids also take every logit whose weight at temperature ``t`` could
+    round onto the threshold's (:func:`_tie_floor`): a tie in weight that reaches below the
+    threshold's logit must not be cut by it (a logit of -1e-45 weighs what 0 does).
     """
     stride = max(1, x.size // 4096)
     sample_ = x[::stride]
@@ -519,13 +523,16 @@ def _top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
         if part is None:
             part = sample_.copy()  # (array methods: NumPy's function wrappers cost µs a call)
         part.partition(sample_.size - rank)
-        guess = part[sample_.size - rank]
+        guess = float(part[sample_.size - rank])
+        tied = _tie_floor(guess, top, t) if top is not None else None
+        if tied is not None:
+            guess = tied
         # (the rank scaled up: the ids expected at or above the guess; 4x that, a margin)
         ids = _ids_at_least(x, guess, 4 * rank * stride)
         if ids is None:
-            ids = (x >= guess).nonzero()[0]
+            ids = (x >= np.float32(guess)).nonzero()[0]
         if ids.size >= k:
-            return ids, float(guess)
+            return ids, guess
         rank *= 4
     return np.arange(x.size), -math.inf
 
@@ -733,7 +740,7 @@ def _nucleus(x: np.ndarray, top: float, params: SamplingParams, n: int,
     # that a wider candidate set rarely does)
     cands = None
     if minp_ids is None or minp_ids.size > _MAX_CANDIDATES:
-        cands = _top_candidates(x, _NUCLEUS_GUESS)
+        cands = _top_candidates(x, _NUCLEUS_GUESS, top, t)
     if cands is not None:
         ids, floor = cands
         if ids.size < x.size or ids.size <= _MAX_CANDIDATES:  # (a short row: all candidates)
