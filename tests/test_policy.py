@@ -845,65 +845,58 @@ def test_the_realized_check_catches_a_cost_the_estimates_miss():
         policy_mod.GUARD_FRACTION = saved
 
 
-def test_a_draft_model_that_cannot_pay_is_not_rated():
+@pytest.fixture
+def model_ratings(monkeypatch):
+    """The acceptance of every rating of the draft model's k over arrays, as they happen: in
+    Policy.choose only that rating calls expected_tokens_upto (lookup's is its chain)."""
+    from edgespec.core import policy as policy_mod
+
+    ratings: list[float] = []
+    original = policy_mod.expected_tokens_upto
+
+    def counting(alpha, k):
+        ratings.append(alpha)
+        return original(alpha, k)
+
+    monkeypatch.setattr(policy_mod, "expected_tokens_upto", counting)
+    return ratings
+
+
+def test_a_draft_model_that_cannot_pay_is_not_rated(model_ratings):
     """On the H100's costs (t(1) 2.2 ms, a 2.4 ms switch penalty, 1.24 ms a drafted token) the
     model at its prior acceptance cannot beat plain decoding from plain decoding: a scalar
     bound says so and its k are not rated over arrays (20-50 µs in the loop). Where it can
     pay (a sure model, within a stretch of its width) it is rated and chosen as before."""
-    from edgespec.core import policy as policy_mod
-
     curve = CostCurve({1: 2.21e-3, 4: 3.16e-3, 8: 3.39e-3, 16: 4.86e-3, 33: 6.19e-3},
                       switch_penalty=2.38e-3)
     policy = Policy(curve, CostEstimate(1.24e-3))
-    ratings = []
-    original = policy_mod.expected_tokens_upto
-
-    def counting(alpha, k):
-        ratings.append(alpha)
-        return original(alpha, k)
-
-    policy_mod.expected_tokens_upto = counting
-    try:
-        for run in range(2, 40):
-            assert policy.choose(32, last_shape=1, last_run=run).source == "none"
-        assert ratings == []
-        policy.model = AcceptanceEstimate(0.97)
-        choice = policy.choose(32, last_shape=9, last_run=2)
-        assert len(ratings) == 1 and choice.source == "model"
-    finally:
-        policy_mod.expected_tokens_upto = original
+    for run in range(2, 40):
+        assert policy.choose(32, last_shape=1, last_run=run).source == "none"
+    assert model_ratings == []
+    policy.model = AcceptanceEstimate(0.97)
+    choice = policy.choose(32, last_shape=9, last_run=2)
+    assert len(model_ratings) == 1 and choice.source == "model"
 
 
-def test_the_draft_models_rating_serves_a_few_rounds_while_its_inputs_stay():
+def test_the_draft_models_rating_serves_a_few_rounds_while_its_inputs_stay(model_ratings):
     """Rating every k of the draft model is most of a choice's work; its inputs move only when
     it drafts or the shapes change, so one rating serves MODEL_REUSE rounds, and any change of
     its acceptance, cost or the last call's shape rates it again."""
-    from edgespec.core import policy as policy_mod
+    from edgespec.core.policy import MODEL_REUSE
 
     curve = CostCurve({1: 2.0e-3, 4: 2.4e-3, 16: 3.0e-3})
     policy = Policy(curve, CostEstimate(0.4e-3))
     policy.model = AcceptanceEstimate(0.9)
-    ratings = []
-    original = policy_mod.expected_tokens_upto
-
-    def counting(alpha, k):
-        ratings.append(alpha)
-        return original(alpha, k)
-
-    policy_mod.expected_tokens_upto = counting
-    try:
-        first = policy.choose(8, last_shape=1)
-        assert first.source == "model" and len(ratings) == 1
-        for _ in range(policy_mod.MODEL_REUSE - 1):
-            assert policy.choose(8, last_shape=1) == first
-        assert len(ratings) == 1
-        policy.choose(8, last_shape=1)  # served its rounds: rated again
-        assert len(ratings) == 2
-        policy.model.update(0, True)  # its acceptance moved
-        policy.choose(8, last_shape=1)
-        policy.draft_cost.observe(1.0e-3)  # its cost moved
-        policy.choose(8, last_shape=1)
-        policy.choose(8, last_shape=9)  # another shape
-        assert len(ratings) == 5
-    finally:
-        policy_mod.expected_tokens_upto = original
+    first = policy.choose(8, last_shape=1)
+    assert first.source == "model" and len(model_ratings) == 1
+    for _ in range(MODEL_REUSE - 1):
+        assert policy.choose(8, last_shape=1) == first
+    assert len(model_ratings) == 1
+    policy.choose(8, last_shape=1)  # served its rounds: rated again
+    assert len(model_ratings) == 2
+    policy.model.update(0, True)  # its acceptance moved
+    policy.choose(8, last_shape=1)
+    policy.draft_cost.observe(1.0e-3)  # its cost moved
+    policy.choose(8, last_shape=1)
+    policy.choose(8, last_shape=9)  # another shape
+    assert len(model_ratings) == 5
