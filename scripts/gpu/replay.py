@@ -91,16 +91,28 @@ class Device:
     def counts(self) -> dict[str, int]:
         return {"calls": self.calls, "penalised": self.penalised, "captures": self.captures}
 
+    @staticmethod
+    def graph(width: int, last: int | None, run: int) -> tuple[bool, bool]:
+        """(replays, captures) for a call of ``width`` after ``run`` calls of width ``last``:
+        it replays a graph only as the third or later of its width in a row; the second
+        captures one."""
+        return width == last and run >= 2, width == last and run == 1
+
+    def cost(self, width: int, last: int | None, run: int) -> float:
+        """Seconds of a call of ``width`` after ``run`` calls of width ``last``."""
+        replay, capture = self.graph(width, last, run)
+        return (self.steady(width) + (0.0 if replay else self.penalty(width))
+                + (self.capture_cost if capture else 0.0))
+
     def call(self, width: int) -> float:
-        replay = width == self.last and self.run >= 2
-        capture = width == self.last and self.run == 1
+        seconds = self.cost(width, self.last, self.run)
+        replay, capture = self.graph(width, self.last, self.run)
+        self.penalised += not replay
+        self.captures += capture
         self.run = self.run + 1 if width == self.last else 1
         self.last = width
         self.calls += 1
-        self.penalised += not replay
-        self.captures += capture
-        return (self.steady(width) + (0.0 if replay else self.penalty(width))
-                + (self.capture_cost if capture else 0.0))
+        return seconds
 
 
 def measured_device(curve: dict[int, float], penalty: float) -> Device:
@@ -140,6 +152,11 @@ class Memo:
             with open(path, "rb") as f:
                 self.picks = pickle.load(f)
         self.misses = 0
+
+    @staticmethod
+    def key(name: str, context) -> tuple[str, int]:
+        """Where the pick of model ``name`` after ``context`` is kept."""
+        return name, hash(tuple(context))
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,7 +199,7 @@ class Replayed:
         self.device.last, self.device.run = None, 0
 
     def _pick(self, n: int) -> int:
-        key = (self.name, hash(tuple(self.tokens[:n])))
+        key = Memo.key(self.name, self.tokens[:n])
         pick = self.memo.picks.get(key)
         if pick is None:
             self.memo.misses += 1
@@ -225,21 +242,16 @@ def lookup_ceiling(prompt: list[int], answer: list[int], lookup, device: Device,
     whether it replays), against plain decoding's time under the same model. ``lookup``'s
     proposals are taken as in plain steps (one token committed a round). No host time on
     either side: a bound for any lookup policy, to say how far ``auto`` is from it."""
+    from edgespec.core.lookup import common_prefix  # (the tree main() put on the path)
+
     context = list(prompt)
     offers: list[tuple[int, int]] = []  # (tokens offered, how many of them are right)
     for i in range(len(answer)):
         draft = lookup.propose(context, k_max, None, None)
-        right = 0
-        while (right < len(draft.tokens) and i + right < len(answer)
-               and draft.tokens[right] == answer[i + right]):
-            right += 1
-        offers.append((len(draft.tokens), right))
+        offers.append((len(draft.tokens), common_prefix(draft.tokens, answer[i:])))
         context.append(answer[i])
     n = len(answer)
-
-    def cost(width: int, last: int, run: int) -> float:
-        paid = not (width == last and run >= 2)
-        return device.steady(width) + (device.penalty(width) if paid else 0.0)
+    cost = device.cost
 
     # best[(last, run)] at position i: the least time to finish from i; filled from the end
     states = [(w, r) for w in range(0, k_max + 2) for r in (1, 2)]
@@ -405,7 +417,7 @@ def main() -> None:
             limit = prompt.max_tokens or args.max_tokens
             answer, context = [], list(tokens)
             while len(answer) < limit:  # the greedy answer, from the memo none filled
-                pick = memo.picks.get(("target", hash(tuple(context))))
+                pick = memo.picks.get(Memo.key("target", context))
                 if pick is None or engine.target.is_eog(pick):
                     break
                 answer.append(pick)
