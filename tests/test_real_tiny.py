@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from edgespec.core.sampling import SamplingParams
+from edgespec.errors import ContextOverflowError
 from edgespec.runtime.backend import LlamaBackend, ModelOptions
 from edgespec.runtime.engine import Engine
 
@@ -230,10 +231,64 @@ def test_backend_picks_equal_the_argmax_of_the_rows(tiny_engine):
         _cache(be, ctx[:-7])
         rows = be.decode(batch, 7)
         assert not be._argmax_on
-        assert picks.tolist() == np.argmax(rows, axis=1).tolist()
+        assert picks == np.argmax(rows, axis=1).tolist()
     _cache(be, ctx[:-1])
-    assert be.decode_argmax(ctx[-1:], 0).size == 0 and not be._argmax_on  # no rows: no switch
+    assert be.decode_argmax(ctx[-1:], 0) == [] and not be._argmax_on  # no rows: no switch
     assert be.tokens == ctx
+
+
+def test_one_call_picks_equal_the_general_paths(tiny_engine, monkeypatch):
+    """A plain step's or a short round's picks (one llama_decode, the batch filled token by
+    token: ``_decode_picks``) are the general path's and NumPy's; a call past the context
+    raises before it touches the cache; a prefill between them resets the output flags."""
+    be = tiny_engine.target
+    ctx = be.tokenize(STORY)
+    one_call = []
+    lean = be._decode_picks
+    monkeypatch.setattr(be, "_decode_picks", lambda t, n: one_call.append(n) or lean(t, n))
+    for n in range(1, be._picks_per_call + 1):
+        _cache(be, ctx[:-n])
+        picks = be.decode_argmax(ctx[-n:], n)
+        assert one_call[-1:] == [n]
+        _cache(be, ctx[:-n])
+        general = be._decode(ctx[-n:], n, "argmax").tolist()
+        _cache(be, ctx[:-n])
+        assert picks == general == np.argmax(be.decode(ctx[-n:], n), axis=1).tolist()
+        assert be.tokens == ctx
+    _cache(be, ctx[:-2])
+    assert be.decode_argmax(ctx[-2:], 2) == general[-2:]  # (through the public call)
+    _cache(be, ctx)
+    monkeypatch.setattr(be, "n_ctx", len(ctx) + 1)  # room for one more token: not two
+    with pytest.raises(ContextOverflowError):
+        be.decode_argmax(ctx[-2:], 2)
+    assert be.tokens == ctx
+    assert be.decode_argmax(ctx[-1:], 1) == general[-1:] or be.tokens == ctx + ctx[-1:]
+
+
+def test_an_interrupt_in_a_one_call_decode_forgets_the_cache(tiny_engine, monkeypatch):
+    """Ctrl-C just after llama.cpp took a plain step's token, before the backend recorded it:
+    the cache holds a token its record lacks, so it is forgotten whole (never silently
+    wrong), and the next call decodes the prompt again to the same picks."""
+    import llama_cpp
+
+    be = tiny_engine.target
+    ctx = be.tokenize(STORY)
+    _cache(be, ctx[:-1])
+    expected = be.decode_argmax(ctx[-1:], 1)
+    _cache(be, ctx[:-1])
+    real = llama_cpp.llama_decode
+
+    def interrupted(c, batch):
+        real(c, batch)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        be.decode_argmax(ctx[-1:], 1)
+    monkeypatch.setattr(llama_cpp, "llama_decode", real)
+    assert be.tokens == []
+    _cache(be, ctx[:-1])
+    assert be.decode_argmax(ctx[-1:], 1) == expected
 
 
 def test_backend_picks_without_backend_sampling_are_numpys(tiny_engine):
@@ -244,7 +299,7 @@ def test_backend_picks_without_backend_sampling_are_numpys(tiny_engine):
         picks = be.decode_argmax(ctx, 4)
         assert not be._argmax_on and not be.backend_argmax
         be.sync([])
-        assert picks.tolist() == np.argmax(be.decode(ctx, 4), axis=1).tolist()
+        assert picks == np.argmax(be.decode(ctx, 4), axis=1).tolist()
     finally:
         be.close()
 
@@ -263,7 +318,7 @@ def test_a_context_that_cannot_run_the_sampler_falls_back_to_numpy(tiny_engine, 
         picks = be.decode_argmax(ctx, 4)
         assert not be.backend_argmax and not be._argmax_on
         be.sync([])
-        assert picks.tolist() == np.argmax(be.decode(ctx, 4), axis=1).tolist()
+        assert picks == np.argmax(be.decode(ctx, 4), axis=1).tolist()
     finally:
         be.close()
 
@@ -299,7 +354,7 @@ def test_backend_window_equals_the_rows_largest_logits(tiny_engine):
         assert got == want
         _cache(be, ctx[:-5])
         picks = be.decode_argmax(batch, 5)
-        assert picks.tolist() == np.argmax(rows, axis=1).tolist()
+        assert picks == np.argmax(rows, axis=1).tolist()
     assert be.tokens == ctx
 
 

@@ -62,6 +62,9 @@ _MAX_VOCAB_SIZE_DIFFERENCE = 128
 #: matmul from 8.
 CONSISTENT_BATCH = {True: 3, False: 7}
 
+#: Calls of up to this many tokens are filled one token at a time (LlamaBackend._decode_picks).
+_SCALAR_FILL = 8
+
 #: Most rows one llama_decode call has llama.cpp's backend sampler pick from (a round of the
 #: longest draft, 64, reads 65); a longer greedy batch is decoded in calls of this many rows.
 MAX_SAMPLED_ROWS = 72
@@ -370,6 +373,8 @@ class LlamaBackend:
         for j in range(nb):
             self._batch.seq_id[j][0] = 0
         self._positions = np.arange(options.n_ctx + nb + width, dtype=np.int32)
+        #: the batch's first rows that are flagged as outputs now (:meth:`_decode_picks`)
+        self._outputs_flagged = 0
         self._view: np.ndarray | None = None
         self._view_key: tuple[int, int] | None = None
         self._gather: np.ndarray | None = None
@@ -485,9 +490,9 @@ class LlamaBackend:
             self._attach(None)
         return self._decode(tokens, n_logits, None)
 
-    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Like :meth:`decode`, but return only each row's arg-max token id (int32, shape
-        ``(n_logits,)``): greedy decoding's pick. With backend sampling (the default) llama.cpp
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> list[int]:
+        """Like :meth:`decode`, but return only each row's arg-max token id (a list of
+        ``n_logits`` ints): greedy decoding's pick. With backend sampling (the default) llama.cpp
         computes it inside its graph, on the device that holds the output layer, and the
         rows never reach the host; ties go to the id ggml's ``argmax`` picks on that device
         (the last on the CPU). Otherwise it is NumPy's ``argmax`` of :meth:`decode`'s rows (the
@@ -496,8 +501,71 @@ class LlamaBackend:
         if n_logits and self.backend_argmax and self._attached != "argmax":
             self._attach("argmax")
         if n_logits and self._argmax_on:
-            return self._decode(tokens, n_logits, "argmax")
-        return np.argmax(self.decode(tokens, n_logits), axis=1).astype(np.int32)
+            n = len(tokens)
+            if n_logits == n and n <= self._picks_per_call:
+                return self._decode_picks(tokens, n)
+            return self._decode(tokens, n_logits, "argmax").tolist()
+        return np.argmax(self.decode(tokens, n_logits), axis=1).tolist()
+
+    @property
+    def _picks_per_call(self) -> int:
+        """The most tokens one llama_decode call takes where every row's pick is read."""
+        if self.fixed_width:
+            return 0  # (padded calls: the general path)
+        if self._pieces:
+            return CONSISTENT_BATCH[self.options.repack]
+        return min(MAX_SAMPLED_ROWS, self._n_batch)
+
+    def _decode_picks(self, tokens: Sequence[int], n: int) -> list[int]:
+        """:meth:`decode_argmax` of ``n`` tokens that one llama_decode call takes, every row's
+        pick read: a verification round's call, or a plain step's. It does what a plain loop
+        over llama.cpp's C calls would, no more. On a GPU a token costs ~2 ms, and Python runs
+        cold after each decode (code and data evicted): there each NumPy call the general path
+        makes (spans, output flags, slices, the result array) cost 10-40 µs, not the ~1 µs it
+        costs in a warm loop. A few tokens go in through the batch's C arrays one by one."""
+        start = len(self.tokens)
+        if start + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + n} tokens do not fit in the context of {self.n_ctx}")
+        batch = self._batch
+        if n <= _SCALAR_FILL:
+            token, pos = batch.token, batch.pos
+            for j in range(n):
+                token[j] = tokens[j]
+                pos[j] = start + j
+        else:
+            self._b_token[:n] = tokens
+            self._b_pos[:n] = self._positions[start:start + n]
+        if self._outputs_flagged < n:
+            self._b_logits[:n] = 1
+            self._outputs_flagged = n
+        batch.n_tokens = n
+        ctx = self._ctx.ctx
+        watchdog = self._watchdog
+        t0 = time.perf_counter()
+        if watchdog is not None:
+            watchdog.deadline = t0 + watchdog.timeout
+        try:
+            rc = llama_cpp.llama_decode(ctx, batch)
+            llama_cpp.llama_synchronize(ctx)  # (a GPU decode is asynchronous: see _decode)
+            self.decode_seconds += time.perf_counter() - t0
+            if watchdog is not None:
+                watchdog.deadline = None
+            if rc != 0:
+                raise ModelError(f"llama_decode failed with code {rc}")
+            self.tokens += tokens
+        except BaseException:
+            # failed or interrupted (Ctrl-C) before the record says what the cache holds:
+            # forget it all, as _decode does; the next sync() re-decodes the prompt
+            if watchdog is not None:
+                watchdog.deadline = None
+            self.reset()
+            raise
+        get = llama_cpp.llama_get_sampled_token_ith
+        picks = [get(ctx, j) for j in range(n)]
+        if min(picks) < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
+            raise ModelError("llama.cpp's backend sampler returned no token")
+        return picks
 
     def decode_window(self, tokens: Sequence[int], n_logits: int,
                       window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -581,6 +649,7 @@ class LlamaBackend:
                 skip = max(0, first_logit - c0)  # leading rows of this call whose logits are not read
                 self._b_token[:m] = tokens[c0:c1]
                 wanted = self._b_logits[:m]
+                self._outputs_flagged = 0
                 wanted[:] = 0
                 if reads:
                     wanted[skip:] = 1

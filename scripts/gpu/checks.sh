@@ -78,6 +78,9 @@ print('preload:', edgespec.PRELOAD)
 e = Engine.load('$T', '$D', n_gpu_layers=-1, draft_n_gpu_layers=-1)
 print('LOADED numpy-first engine')"
 
+section "1b host time per token outside llama.cpp: edgespec's none against a bare loop of the same calls"
+run 45 host_floor python3 scripts/host_floor.py --model "$T" --ngl -1 -r 5
+
 section "2 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
 TAIL=70 run 240 bench_greedy $ES bench $GPU -r 2 $ANCH --json "$R/bench_greedy.json" --plot "$R/bench_greedy.png"
 

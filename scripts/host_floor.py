@@ -1,0 +1,113 @@
+"""Host time per token outside llama.cpp: edgespec's greedy ``none`` against a bare loop.
+
+Both run the same model, context and llama.cpp calls (the batch, ``llama_decode``,
+``llama_synchronize``, the backend sampler's pick): the bare loop does nothing else, so its
+time outside those calls is the floor a Python caller of llama.cpp pays, and edgespec's
+excess over it is edgespec's own per-token work (loop, backend, streaming). A GPU token of
+the default target costs ~2 ms, so tens of microseconds here are percents there.
+
+Python runs cold after a decode (its code and data were evicted), so this is measured
+between real decodes: a warm loop on a synthetic model (``edgespec bench --overhead``)
+costs several times less than the same code here.
+
+``--base REF`` also runs commit REF's edgespec (copied out as ``edgespec_base``, as
+``scripts/overhead_ab.py`` does) in the same process, alternating with this checkout's: on a
+shared VM separate runs drift more than most changes move.
+
+Usage: python scripts/host_floor.py [--model PATH] [--ngl N] [-n 179] [-r 5] [--base REF]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import edgespec  # noqa: F401  (llama.cpp's runtime first, as the package arranges)
+import llama_cpp
+
+from edgespec.core.sampling import SamplingParams
+from edgespec.runtime.engine import Engine
+from edgespec.runtime.loop import prefill
+
+PROMPT = "Write a Python function that parses a CSV file and sums a column."
+
+
+def edgespec_outside(engine: Engine, n: int) -> tuple[float, float]:
+    """(µs outside llama.cpp, ms inside it) per token of a greedy ``none`` stream."""
+    last = None
+    for last in engine.stream(PROMPT, max_tokens=n, sampling=SamplingParams(temperature=0.0),
+                              drafter="none"):
+        pass
+    s = last.stats
+    decoding = s.time_total - s.time_prefill
+    return (decoding - s.time_llama) / s.generated * 1e6, s.time_llama / s.generated * 1e3
+
+
+def bare_outside(engine: Engine, n: int) -> tuple[float, float]:
+    """The same per token for a loop of the bare llama.cpp calls on the same backend."""
+    be = engine.target
+    tokens = engine.prompt_tokens(PROMPT, chat=True)
+    prefill(be, tokens)
+    token = be.decode_argmax(tokens[-1:], 1)[0]  # (attaches the backend sampler)
+    ctx, batch = be._ctx.ctx, be._batch
+    pos = len(be.tokens)
+    batch.logits[0] = 1
+    inside = 0.0
+    start = time.perf_counter()
+    for i in range(n):
+        batch.token[0] = token
+        batch.pos[0] = pos + i
+        batch.n_tokens = 1
+        t0 = time.perf_counter()
+        llama_cpp.llama_decode(ctx, batch)
+        llama_cpp.llama_synchronize(ctx)
+        inside += time.perf_counter() - t0
+        token = llama_cpp.llama_get_sampled_token_ith(ctx, 0)
+    total = time.perf_counter() - start
+    be.reset()  # (the backend's record of the cache is stale now)
+    return (total - inside) / n * 1e6, inside / n * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="target GGUF (default: the default pair's target)")
+    ap.add_argument("--ngl", type=int, default=None, help="layers on the GPU (-1: all)")
+    ap.add_argument("-n", "--tokens", type=int, default=179)
+    ap.add_argument("-r", "--repeats", type=int, default=5)
+    ap.add_argument("--base", metavar="REF", help="also run this commit's edgespec, alternating")
+    args = ap.parse_args()
+    engines = {"edgespec": Engine.load(args.model, drafter="none", n_gpu_layers=args.ngl,
+                                       progress=False)}
+    if args.base:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from overhead_ab import copy_base
+
+        into = Path(tempfile.mkdtemp(prefix="host_floor_"))
+        copy_base(args.base, into)
+        sys.path.insert(0, str(into))
+        base = importlib.import_module("edgespec_base.runtime.engine").Engine
+        engines[f"base {args.base}"] = base.load(args.model, drafter="none",
+                                                  n_gpu_layers=args.ngl, progress=False)
+    for engine in engines.values():
+        edgespec_outside(engine, 8)  # warm-up
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in [*engines, "bare loop"]}
+    for _ in range(args.repeats):
+        for name, engine in engines.items():
+            rows[name].append(edgespec_outside(engine, args.tokens))
+        rows["bare loop"].append(bare_outside(engines["edgespec"], args.tokens))
+    print(f"{'':16} {'outside µs/token':>17} {'llama ms/token':>15}   (median of {args.repeats})")
+    for name, got in rows.items():
+        print(f"{name:16} {statistics.median(r[0] for r in got):17.1f} "
+              f"{statistics.median(r[1] for r in got):15.2f}")
+    bare = rows["bare loop"]
+    for name in engines:
+        excess = statistics.median(a[0] - b[0] for a, b in zip(rows[name], bare))
+        print(f"{name}: {excess:.1f} µs/token of its own over the bare loop")
+
+
+if __name__ == "__main__":
+    main()
