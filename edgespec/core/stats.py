@@ -51,7 +51,9 @@ class Stats:
         if len(self.drafted_hist) <= drafted:
             self.drafted_hist.extend([0] * (drafted + 1 - len(self.drafted_hist)))
         self.drafted_hist[drafted] += 1
-        src = self.by_drafter.setdefault(drafter, SourceStats())
+        src = self.by_drafter.get(drafter)
+        if src is None:  # (not setdefault: that would make a SourceStats every round)
+            src = self.by_drafter[drafter] = SourceStats()
         src.rounds += 1
         src.drafted += drafted
         src.accepted += accepted

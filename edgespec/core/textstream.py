@@ -18,22 +18,33 @@ class TextStream:
     """Feed token bytes in order; get back text that is final."""
 
     def __init__(self, stop: Sequence[str] = ()) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = b""  #: the start of a character whose bytes have not all come
         self._stop = [s for s in stop if s]
         self._held = ""
         self.stopped = False  #: a stop string was found; nothing more will be emitted
 
     def push(self, data: bytes) -> str:
         """Add one token's bytes; return the text that became final."""
+        if not self._stop:  # nothing to hold back (and never stopped): the common case
+            return self._decode(data)
         if self.stopped:
             return ""
-        return self._release(self._held + self._decoder.decode(data))
+        return self._release(self._held + self._decode(data))
+
+    def _decode(self, data: bytes, final: bool = False) -> str:
+        """Incremental UTF-8: what ``codecs``' incremental decoder does, without its Python
+        frame (a token's text is made between two decodes, where every call is dear)."""
+        if self._pending:
+            data = self._pending + data
+        text, used = codecs.utf_8_decode(data, "replace", final)
+        self._pending = data[used:]
+        return text
 
     def flush(self) -> str:
         """End of generation: release everything still held (incomplete bytes become U+FFFD)."""
         if self.stopped:
             return ""
-        text = self._held + self._decoder.decode(b"", final=True)
+        text = self._held + self._decode(b"", final=True)
         self._held = ""
         return text
 

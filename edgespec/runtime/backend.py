@@ -389,6 +389,7 @@ class LlamaBackend:
         #: token ids held by the KV cache, position i holds tokens[i]
         self.tokens: list[int] = []
         self._pieces_cache: dict[int, bytes] = {}  # token_bytes, once per token id
+        self._eog_cache: dict[int, bool] = {}  # is_eog, once per token id
         # The pieces-of-3 rule is about ggml-cpu's kernels. With layers on a GPU, batch scoring
         # is what makes speculation pay, and CUDA picks its kernels by batch size anyway.
         # On RPC workers the pieces stay: a worker serving its CPU runs the same ggml-cpu
@@ -789,7 +790,10 @@ class LlamaBackend:
 
     def is_eog(self, token: int) -> bool:
         """End of generation (EOS, EOT, ...)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        eog = self._eog_cache.get(token)
+        if eog is None:  # asked of every emitted token: llama.cpp is asked once per id
+            eog = self._eog_cache[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return eog
 
     @property
     def vocab_type(self) -> int:

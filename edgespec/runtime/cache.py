@@ -43,7 +43,11 @@ class Follower:
         if self._trim is None or source is not self._source or len(model.tokens) < done:
             cached = model.sync(source[:n])
         else:
-            keep = n if n <= done else done + common_prefix(model.tokens[done:], source[done:n])
-            cached = self._trim(keep)
+            held = model.tokens
+            if n <= done or held[done:n] == source[done:n]:  # (the usual: what was fed stays)
+                keep = n
+            else:
+                keep = done + common_prefix(held[done:], source[done:n])
+            cached = self._trim(keep) if keep < len(held) else keep
         self._source, self._verified = source, cached
         return cached

@@ -92,11 +92,18 @@ def rounds(
     """Yield verification rounds until the context is full (the caller stops on anything else).
 
     ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
+
+    On a GPU a plain step costs ~2 ms, and what Python does between two decodes runs in the
+    cold caches a decode leaves, where each call or object made costs several µs (10-15 µs
+    for a dataclass on this project's CPU VM): so the per-round work is kept to what a round
+    needs, e.g. a greedy plain step makes no verdict.
     """
     committed = list(prompt)
     cache = Follower(target)
     emitted = 0
     picks = getattr(target, "decode_argmax", None) if params.greedy else None
+    observe = getattr(drafter, "observe", None)
+    draft_source, target_source = Source.DRAFT, Source.TARGET
     while len(committed) < target.n_ctx:
         # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
         # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
@@ -114,23 +121,27 @@ def rounds(
         if picks is not None:
             ids = picks([committed[-1], *tokens], len(tokens) + 1)
             t2 = time.perf_counter()
-            verdict = verify_greedy(tokens, ids)
+            if tokens:
+                verdict = verify_greedy(tokens, ids)
+                accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
+            else:  # a greedy plain step: the target's pick (no verdict made; see rounds' note)
+                accepted, token, source = 0, int(ids[0]), target_source
         else:
             logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
             t2 = time.perf_counter()
             verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
+            accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
         t3 = time.perf_counter()
 
-        new = tokens[: verdict.n_accepted] + [verdict.next_token]
-        sources = [Source.DRAFT] * verdict.n_accepted + [verdict.next_source]
+        new = tokens[:accepted] + [token]
+        sources = [draft_source] * accepted + [source]
         committed.extend(new)
         emitted += len(new)
         name = draft.source if draft and tokens else "none"
-        observe = getattr(drafter, "observe", None)
         if observe is not None:
-            observe(Outcome(draft, len(tokens), verdict.n_accepted, new, t1 - t0, t2 - t1))
-        stats.record_round(name, len(tokens), verdict.n_accepted)
+            observe(Outcome(draft, len(tokens), accepted, new, t1 - t0, t2 - t1))
+        stats.record_round(name, len(tokens), accepted)
         stats.time_drafting += t1 - t0
         stats.time_target += t2 - t1
         stats.time_sampling += t3 - t2
-        yield Round(new, sources, name, len(tokens), verdict.n_accepted)
+        yield Round(new, sources, name, len(tokens), accepted)
