@@ -15,6 +15,7 @@ costs several times less than the same code here.
 shared VM separate runs drift more than most changes move.
 
 Usage: python scripts/host_floor.py [--model PATH] [--ngl N] [-n 179] [-r 5] [--base REF]
+       [--drafter none]
 """
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ from edgespec.runtime.loop import prefill
 PROMPT = "Write a Python function that parses a CSV file and sums a column."
 
 
-def edgespec_outside(engine: Engine, n: int) -> tuple[float, float]:
-    """(µs outside llama.cpp, ms inside it) per token of a greedy ``none`` stream."""
+def edgespec_outside(engine: Engine, n: int, drafter: str = "none") -> tuple[float, float]:
+    """(µs outside llama.cpp, ms inside it) per token of a greedy stream."""
     last = None
     for last in engine.stream(PROMPT, max_tokens=n, sampling=SamplingParams(temperature=0.0),
-                              drafter="none"):
+                              drafter=drafter):
         pass
     s = last.stats
     decoding = s.time_total - s.time_prefill
@@ -79,6 +80,8 @@ def main() -> None:
     ap.add_argument("-n", "--tokens", type=int, default=179)
     ap.add_argument("-r", "--repeats", type=int, default=5)
     ap.add_argument("--base", metavar="REF", help="also run this commit's edgespec, alternating")
+    ap.add_argument("--drafter", default="none", help="edgespec's drafter (default none; the "
+                    "bare loop is always plain decoding: compare drafters by their own rows)")
     args = ap.parse_args()
     engines = {"edgespec": Engine.load(args.model, drafter="none", n_gpu_layers=args.ngl,
                                        progress=False)}
@@ -93,11 +96,11 @@ def main() -> None:
         engines[f"base {args.base}"] = base.load(args.model, drafter="none",
                                                   n_gpu_layers=args.ngl, progress=False)
     for engine in engines.values():
-        edgespec_outside(engine, 8)  # warm-up
+        edgespec_outside(engine, 8, args.drafter)  # warm-up
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in [*engines, "bare loop"]}
     for _ in range(args.repeats):
         for name, engine in engines.items():
-            rows[name].append(edgespec_outside(engine, args.tokens))
+            rows[name].append(edgespec_outside(engine, args.tokens, args.drafter))
         rows["bare loop"].append(bare_outside(engines["edgespec"], args.tokens))
     print(f"{'':16} {'outside µs/token':>17} {'llama ms/token':>15}   (median of {args.repeats})")
     for name, got in rows.items():
