@@ -398,6 +398,10 @@ class LlamaBackend:
         #: width of every logit-reading decode call (0: as many tokens as the call has)
         self.fixed_width: int = width
         self._pieces = options.batch_consistent and not on_gpu and not width
+        #: the most tokens one llama_decode call takes where every row's pick is read
+        #: (:meth:`_decode_picks`; a fixed width's padded calls take the general path)
+        self._picks_per_call: int = (0 if width else CONSISTENT_BATCH[options.repack]
+                                     if self._pieces else min(MAX_SAMPLED_ROWS, self._n_batch))
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
         self.path = path
@@ -507,15 +511,6 @@ class LlamaBackend:
                 return self._decode_picks(tokens, n)
             return self._decode(tokens, n_logits, "argmax").tolist()
         return np.argmax(self.decode(tokens, n_logits), axis=1).tolist()
-
-    @property
-    def _picks_per_call(self) -> int:
-        """The most tokens one llama_decode call takes where every row's pick is read."""
-        if self.fixed_width:
-            return 0  # (padded calls: the general path)
-        if self._pieces:
-            return CONSISTENT_BATCH[self.options.repack]
-        return min(MAX_SAMPLED_ROWS, self._n_batch)
 
     def _decode_picks(self, tokens: Sequence[int], n: int) -> list[int]:
         """:meth:`decode_argmax` of ``n`` tokens that one llama_decode call takes, every row's
