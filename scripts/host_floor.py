@@ -11,8 +11,9 @@ between real decodes: a warm loop on a synthetic model (``edgespec bench --overh
 costs several times less than the same code here.
 
 ``--base REF`` also runs commit REF's edgespec (copied out as ``edgespec_base``, as
-``scripts/overhead_ab.py`` does) in the same process, alternating with this checkout's: on a
-shared VM separate runs drift more than most changes move.
+``scripts/overhead_ab.py`` does; REF may be a directory holding an ``edgespec`` package) in the
+same process, alternating with this checkout's: on a shared VM separate runs drift more than
+most changes move.
 
 Usage: python scripts/host_floor.py [--model PATH] [--ngl N] [-n 179] [-r 5] [--base REF]
        [--drafter none]
@@ -79,7 +80,8 @@ def main() -> None:
     ap.add_argument("--ngl", type=int, default=None, help="layers on the GPU (-1: all)")
     ap.add_argument("-n", "--tokens", type=int, default=179)
     ap.add_argument("-r", "--repeats", type=int, default=5)
-    ap.add_argument("--base", metavar="REF", help="also run this commit's edgespec, alternating")
+    ap.add_argument("--base", metavar="REF", help="also run this commit's edgespec (or the "
+                    "edgespec package in this directory), alternating")
     ap.add_argument("--drafter", default="none", help="edgespec's drafter (default none; the "
                     "bare loop is always plain decoding: compare drafters by their own rows)")
     args = ap.parse_args()

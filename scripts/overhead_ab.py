@@ -42,16 +42,21 @@ IMPORT = re.compile(r"\b(from|import) edgespec(?=[. ]|$)", re.M)
 
 
 def copy_base(ref: str, into: Path) -> Path:
-    """``ref``'s package as ``into/edgespec_base`` (imports rewritten, row passes built)."""
-    tree = into / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), ref],
-                   check=True, capture_output=True)
-    try:
-        pkg = into / "edgespec_base"
-        shutil.copytree(tree / "edgespec", pkg)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       check=False, capture_output=True)
+    """``ref``'s package as ``into/edgespec_base`` (imports rewritten, row passes built).
+    ``ref``: a commit, or a directory that holds an ``edgespec`` package (a ``git archive``
+    of one, where there is no repository: a lent GPU machine)."""
+    pkg = into / "edgespec_base"
+    if Path(ref).is_dir():
+        shutil.copytree(Path(ref) / "edgespec", pkg)
+    else:
+        tree = into / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree),
+                        ref], check=True, capture_output=True)
+        try:
+            shutil.copytree(tree / "edgespec", pkg)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           check=False, capture_output=True)
     for py in pkg.rglob("*.py"):
         py.write_text(IMPORT.sub(r"\1 edgespec_base", py.read_text()))
     source = pkg / "core" / "_rows.c"

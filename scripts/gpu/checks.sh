@@ -18,6 +18,9 @@
 # build and then ran every section in 250 s (438 s in all), which left ~290 s for follow-ups
 # on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s).
 #
+# For section 1b's before/after of the host path (host_floor.py --base): before the runs, `mkdir
+# .hostbase && git archive 60fb22c edgespec | tar -x -C .hostbase` (untracked, so it travels
+# with the tree; 60fb22c is the code before the lean host path).
 # After the lease, on the CPU: `python scripts/gpu/replay.py --tree DIR` (DIR: a checkout of the
 # commit the lease ran) replays the same prompts on the virtual H100 (add `--prompt-file
 # scripts/gpu/heldout.jsonl` for section 2b's). Set its figures against bench_greedy.txt's
@@ -79,7 +82,9 @@ e = Engine.load('$T', '$D', n_gpu_layers=-1, draft_n_gpu_layers=-1)
 print('LOADED numpy-first engine')"
 
 section "1b host time per token outside llama.cpp: edgespec's none against a bare loop of the same calls"
-run 45 host_floor python3 scripts/host_floor.py --model "$T" --ngl -1 -r 5
+# with .hostbase/edgespec (an older package: see the header) in the tree, that version too, alternating
+HB=""; [ -d .hostbase/edgespec ] && HB="--base .hostbase"
+run 60 host_floor python3 scripts/host_floor.py --model "$T" --ngl -1 -r 5 $HB
 
 section "2 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
 TAIL=70 run 240 bench_greedy $ES bench $GPU -r 2 $ANCH --json "$R/bench_greedy.json" --plot "$R/bench_greedy.png"
