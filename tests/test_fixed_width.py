@@ -72,7 +72,7 @@ def test_at_a_fixed_width_the_pads_never_change_the_real_rows(model, width, prom
             assert np.array_equal(_scored_in_calls_of_k(be, prompt, cont, k), single), k
         # greedy picks from llama.cpp's backend sampler read the same (real) rows
         be.sync(prompt)
-        assert be.decode_argmax(cont, len(cont)).tolist() == single.argmax(axis=1).tolist()
+        assert be.decode_argmax(cont, len(cont)) == single.argmax(axis=1).tolist()
         assert _cache_end(be) == len(prompt) + len(cont) - 1
     finally:
         be.close()

@@ -262,7 +262,7 @@ def test_one_call_picks_equal_the_general_paths(tiny_engine, monkeypatch):
     with pytest.raises(ContextOverflowError):
         be.decode_argmax(ctx[-2:], 2)
     assert be.tokens == ctx
-    assert be.decode_argmax(ctx[-1:], 1) == general[-1:] or be.tokens == ctx + ctx[-1:]
+    assert len(be.decode_argmax(ctx[-1:], 1)) == 1 and be.tokens == ctx + ctx[-1:]  # (fits)
 
 
 def test_an_interrupt_in_a_one_call_decode_forgets_the_cache(tiny_engine, monkeypatch):
