@@ -118,9 +118,9 @@ class SyntheticModel:
         view.flags.writeable = False  # as the real backend's (NumPy treats those differently)
         return view
 
-    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> list[int]:
         t0 = time.perf_counter()
-        ids = self._picks[self._advance(tokens, n_logits)]
+        ids = self._picks[self._advance(tokens, n_logits)].tolist()  # (a list, as the real one)
         self.decode_seconds += time.perf_counter() - t0
         return ids
 
