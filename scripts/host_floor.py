@@ -91,9 +91,9 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from overhead_ab import copy_base
 
-        into = Path(tempfile.mkdtemp(prefix="host_floor_"))
-        copy_base(args.base, into)
-        sys.path.insert(0, str(into))
+        tmp = tempfile.TemporaryDirectory(prefix="host_floor_")  # (removed when main returns)
+        copy_base(args.base, Path(tmp.name))
+        sys.path.insert(0, tmp.name)
         base = importlib.import_module("edgespec_base.runtime.engine").Engine
         engines[f"base {args.base}"] = base.load(args.model, drafter="none",
                                                   n_gpu_layers=args.ngl, progress=False)

@@ -536,32 +536,15 @@ class LlamaBackend:
             self._b_logits[:n] = 1
             self._outputs_flagged = n
         batch.n_tokens = n
-        ctx = self._ctx.ctx
-        watchdog = self._watchdog
-        t0 = time.perf_counter()
-        if watchdog is not None:
-            watchdog.deadline = t0 + watchdog.timeout
         try:
-            rc = llama_cpp.llama_decode(ctx, batch)
-            llama_cpp.llama_synchronize(ctx)  # (a GPU decode is asynchronous: see _decode)
-            self.decode_seconds += time.perf_counter() - t0
-            if watchdog is not None:
-                watchdog.deadline = None
-            if rc != 0:
-                raise ModelError(f"llama_decode failed with code {rc}")
+            self._call()
             self.tokens += tokens
         except BaseException:
             # failed or interrupted (Ctrl-C) before the record says what the cache holds:
             # forget it all, as _decode does; the next sync() re-decodes the prompt
-            if watchdog is not None:
-                watchdog.deadline = None
             self.reset()
             raise
-        get = llama_cpp.llama_get_sampled_token_ith
-        picks = [get(ctx, j) for j in range(n)]
-        if min(picks) < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
-            raise ModelError("llama.cpp's backend sampler returned no token")
-        return picks
+        return self._sampled_ids(n)
 
     def decode_window(self, tokens: Sequence[int], n_logits: int,
                       window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -658,19 +641,7 @@ class LlamaBackend:
                     self._b_logits[:n] = 1
                 self._b_pos[:n] = self._positions[start + c0:start + c0 + n]
                 self._batch.n_tokens = n
-                t0 = time.perf_counter()
-                watchdog = self._watchdog
-                if watchdog is not None:
-                    watchdog.deadline = t0 + watchdog.timeout
-                rc = llama_cpp.llama_decode(self._ctx.ctx, self._batch)
-                # a GPU decode is asynchronous: wait for it here, so that its time counts as
-                # llama.cpp's (and not as whoever first touches the logits)
-                llama_cpp.llama_synchronize(self._ctx.ctx)
-                if watchdog is not None:
-                    watchdog.deadline = None
-                self.decode_seconds += time.perf_counter() - t0
-                if rc != 0:
-                    raise ModelError(f"llama_decode failed with code {rc}")
+                self._call()
                 if n > m and not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, start + c1, -1):
                     raise ModelError("this model's cache cannot drop tokens (a recurrent model?): "
                                      "it cannot run at a fixed width")
@@ -683,7 +654,7 @@ class LlamaBackend:
                         self._sampled_window(window, lo, rows, first)
                         continue
                     if sampled is not None:
-                        self._sampled_ids(out[lo:lo + rows], first)
+                        out[lo:lo + rows] = self._sampled_ids(rows, first)
                         continue
                     got = self._logits_view(n if padded else rows)[first:first + rows]
                     if single:
@@ -719,14 +690,32 @@ class LlamaBackend:
             ids[lo + j] = np.ctypeslib.as_array(got_ids, shape=(width,))
             logits[lo + j] = np.ctypeslib.as_array(got_logits, shape=(width,))
 
-    def _sampled_ids(self, out: np.ndarray, first: int = 0) -> None:
-        """The backend sampler's picks for the last call's outputs from ``first`` on, into ``out``."""
+    def _call(self) -> None:
+        """One llama_decode of the batch as filled, waited for: a GPU decode is asynchronous,
+        and its time must count as llama.cpp's (not as whoever first touches the outputs). The
+        RPC watchdog is armed around it."""
         ctx = self._ctx.ctx
-        for j in range(out.size):
-            token = llama_cpp.llama_get_sampled_token_ith(ctx, first + j)
-            if token < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
-                raise ModelError("llama.cpp's backend sampler returned no token")
-            out[j] = token
+        watchdog = self._watchdog
+        t0 = time.perf_counter()
+        if watchdog is not None:
+            watchdog.deadline = t0 + watchdog.timeout
+        try:
+            rc = llama_cpp.llama_decode(ctx, self._batch)
+            llama_cpp.llama_synchronize(ctx)
+        finally:
+            if watchdog is not None:
+                watchdog.deadline = None
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            raise ModelError(f"llama_decode failed with code {rc}")
+
+    def _sampled_ids(self, n: int, first: int = 0) -> list[int]:
+        """The backend sampler's picks for ``n`` outputs of the last call from ``first`` on."""
+        get, ctx = llama_cpp.llama_get_sampled_token_ith, self._ctx.ctx
+        picks = [get(ctx, first + j) for j in range(n)]
+        if min(picks) < 0:  # LLAMA_TOKEN_NULL: nothing was sampled
+            raise ModelError("llama.cpp's backend sampler returned no token")
+        return picks
 
     def _logits_view(self, rows: int) -> np.ndarray:
         """llama.cpp's logits of the last call, ``(rows, n_vocab)``, without a copy."""
