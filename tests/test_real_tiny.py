@@ -54,6 +54,28 @@ def test_chat_template_from_gguf_is_applied(tiny_engine):
     assert im_start not in raw
 
 
+def test_chat_template_is_compiled_once(tiny_engine, monkeypatch):
+    # Compiling a template costs milliseconds a request (~10 ms for the default target's), so
+    # the backend keeps the compiled one; a later conversation must render as a fresh one would.
+    from llama_cpp import llama_chat_format
+
+    target = tiny_engine.target
+    target.chat_prompt([{"role": "user", "content": "warm"}])
+    built = []
+    real = llama_chat_format.Jinja2ChatFormatter
+    init = real.__init__
+    monkeypatch.setattr(real, "__init__", lambda self, **kw: built.append(kw) or init(self, **kw))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    got = target.chat_prompt(messages)
+    assert built == []
+    monkeypatch.undo()
+    fresh = real(template=target.metadata()["tokenizer.chat_template"],
+                 eos_token=target.token_text(target.eos), bos_token=target.token_text(target.bos))
+    assert got == fresh(messages=messages).prompt
+    assert got.count("<|im_start|>") == 5 and "Bye" in got
+
+
 def test_long_generation_does_not_drift(tiny_engine):
     """Fill a 1024-token context: every drafter gives the same greedy text to the last token."""
     with Engine.load(pair="tiny", drafter="hybrid", n_ctx=1024, progress=False) as engine:

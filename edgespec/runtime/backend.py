@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import os
 import re
@@ -797,17 +798,22 @@ class LlamaBackend:
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """Render chat messages with the model's own template (GGUF ``tokenizer.chat_template``)."""
+        return self._chat_formatter(messages=messages).prompt
+
+    @functools.cached_property
+    def _chat_formatter(self):
+        # Compiled once per model: compiling the default target's template costs ~10 ms, more
+        # than a short prompt's whole prefill on a GPU.
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = self.metadata().get("tokenizer.chat_template")
         if not template:
             raise ModelError(f"{self.path.name} has no chat template: use raw mode (--raw)")
-        formatter = Jinja2ChatFormatter(
+        return Jinja2ChatFormatter(
             template=template,
             eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
             bos_token=self.token_text(self.bos) if self.bos >= 0 else "",
         )
-        return formatter(messages=messages).prompt
 
 
 
