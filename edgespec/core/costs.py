@@ -155,7 +155,10 @@ class CostCurve:
             self.points = {self.width: float(np.median(per_call))}
             self.counts = {self.width: len(per_call)}
         self._ns = sorted(self.points)
-        self._times = np.array([self.points[n] for n in self._ns])  #: points' times, in order
+        self._times = [self.points[n] for n in self._ns]  #: points' times, in order
+        #: the same as an array, made when ``table`` needs it (None: stale); observe runs
+        #: every round, where a NumPy write costs ~10 µs in the cold caches after a decode
+        self._times_array: np.ndarray | None = None
         self._weights: np.ndarray | None = None
 
     def _calls(self, n: int) -> int:
@@ -193,7 +196,7 @@ class CostCurve:
             return self.points[only] * n / only
         lo, hi, w = self._segment(n)
         times = self._times
-        return max(float(times[lo] + w * (times[hi] - times[lo])), 1e-6)
+        return max(times[lo] + w * (times[hi] - times[lo]), 1e-6)
 
     def table(self, n_max: int) -> np.ndarray:
         """``t(n)`` for n = 0 .. n_max as one array (index n; index 0 means nothing), the values
@@ -209,7 +212,10 @@ class CostCurve:
         weights = self._weights
         if weights is None or len(weights) <= n_max:
             weights = self._weights = self._weight_matrix(max(n_max, _TABLE_ROWS - 1))
-        return np.maximum(weights[: n_max + 1] @ self._times, 1e-6)
+        times = self._times_array
+        if times is None:
+            times = self._times_array = np.array(self._times)
+        return np.maximum(weights[: n_max + 1] @ times, 1e-6)
 
     def _calls_upto(self, n_max: int) -> np.ndarray:
         return np.ceil(np.maximum(counts_upto(n_max), 1.0) / self.width)
@@ -243,12 +249,13 @@ class CostCurve:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
             self._times[bisect.bisect_left(self._ns, n)] = self.points[n]
+            self._times_array = None
         else:
             self.points[n] = seconds
             self.counts[n] = 1
             bisect.insort(self._ns, n)
-            self._times = np.array([self.points[m] for m in self._ns])
-            self._weights = None
+            self._times = [self.points[m] for m in self._ns]
+            self._times_array = self._weights = None
 
 
 #: the most one observed call may differ from the curve, as a factor (CostCurve.observe)
