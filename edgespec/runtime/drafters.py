@@ -323,8 +323,17 @@ class AutoDrafter:
             self._goes_on.update(bool(shadow.tokens), not shadow.tokens)
         realized = self.realized
         model_allowed = realized.allowed("model")
+        lookup_allowed = realized.allowed("lookup")
+        if ((self.model is None or not model_allowed)
+                and not (shadow.tokens and lookup_allowed)):
+            # Nothing may draft: a plain step without a choice (most rounds of free text; a
+            # choice costs ~40 µs in the cold caches after a decode, 2% of a GPU token).
+            self._since_probe += 1
+            self._since_model += 1
+            self.choices[0] = self.choices.get(0, 0) + 1
+            return Draft(source="none")
         calls = {"last_shape": self._last_shape, "last_run": self._run,
-                 "continue_rate": self._goes_on.alpha, "lookup": realized.allowed("lookup"),
+                 "continue_rate": self._goes_on.alpha, "lookup": lookup_allowed,
                  "model": model_allowed}
         choice = self.policy.choose(*offer, **calls)
         if (choice.source == "none" and self.model is not None and model_allowed
