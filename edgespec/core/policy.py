@@ -136,7 +136,10 @@ MODEL_REUSE = 8
 #: A source is set aside when its rounds, with the plain steps they made dearer after them,
 #: delivered fewer tokens per second than this fraction of auto's own plain steps.
 GUARD_FRACTION = 0.95
-#: Tokens a source's rounds must have committed (decayed) before they are judged.
+#: A source's rounds are judged once they committed this many tokens or took the time of this
+#: many steady plain steps (both decayed). Time counts too: a long draft that fails commits one
+#: token in the time of ~20 plain steps on a CPU, and waiting for 24 tokens let such rounds
+#: run an answer at 0.7x of plain decoding (32-token lookup drafts, 66 drafted, 1 right).
 GUARD_EVIDENCE = 24.0
 #: Rounds a source judged losing sits out; doubled each time it is judged losing again in a
 #: row, up to GUARD_BAN_MAX, and back to GUARD_BAN once it is judged paying.
@@ -170,8 +173,8 @@ class Realized:
     round records its tokens and seconds (drafting and target call) under its source; the
     extra time of the SETTLE_ROUNDS plain steps after a drafting round, above the steady plain
     step, is charged to that round's source. A source whose rate, over GUARD_EVIDENCE tokens
-    or more, fell below GUARD_FRACTION of the plain steps' rate sits out GUARD_BAN rounds
-    (doubling while it keeps losing), then starts a fresh record.
+    or the time of as many plain steps, fell below GUARD_FRACTION of the plain steps' rate sits
+    out GUARD_BAN rounds (doubling while it keeps losing), then starts a fresh record.
     """
 
     plain_prior: float  #: seconds of a plain step before any was seen (the curve's t(1))
@@ -215,9 +218,9 @@ class Realized:
         drafting round looks better than it is, and clearing there, where a record of rounds
         near break-even often crosses, kept its bans at the shortest while it lost."""
         tally = self.sources[source]
-        if tally.tokens < GUARD_EVIDENCE:
-            return
         plain_rate = 1.0 / self.steady_plain()
+        if tally.tokens < GUARD_EVIDENCE and tally.seconds * plain_rate < GUARD_EVIDENCE:
+            return
         if tally.rate >= plain_rate:
             if settled:
                 self.ban.pop(source, None)
