@@ -15,8 +15,11 @@ costs several times less than the same code here.
 same process, alternating with this checkout's: on a shared VM separate runs drift more than
 most changes move.
 
-Usage: python scripts/host_floor.py [--model PATH] [--ngl N] [-n 179] [-r 5] [--base REF]
-       [--drafter none]
+``--draft PATH`` loads a draft model too, for ``--drafter auto`` as a GPU runs it: there the
+draft model can pay, so auto rates it every round (a plain step then makes a choice).
+
+Usage: python scripts/host_floor.py [--model PATH] [--draft PATH] [--ngl N] [-n 179] [-r 5]
+       [--base REF] [--drafter none]
 """
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ def bare_outside(engine: Engine, n: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="target GGUF (default: the default pair's target)")
+    ap.add_argument("--draft", help="draft GGUF, loaded for auto (default: none)")
     ap.add_argument("--ngl", type=int, default=None, help="layers on the GPU (-1: all)")
     ap.add_argument("-n", "--tokens", type=int, default=179)
     ap.add_argument("-r", "--repeats", type=int, default=5)
@@ -85,8 +89,9 @@ def main() -> None:
     ap.add_argument("--drafter", default="none", help="edgespec's drafter (default none; the "
                     "bare loop is always plain decoding: compare drafters by their own rows)")
     args = ap.parse_args()
-    engines = {"edgespec": Engine.load(args.model, drafter="none", n_gpu_layers=args.ngl,
-                                       progress=False)}
+    load = dict(drafter="none", n_gpu_layers=args.ngl, draft_n_gpu_layers=args.ngl,
+                progress=False)
+    engines = {"edgespec": Engine.load(args.model, args.draft, **load)}
     if args.base:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from overhead_ab import copy_base
@@ -95,8 +100,7 @@ def main() -> None:
         copy_base(args.base, Path(tmp.name))
         sys.path.insert(0, tmp.name)
         base = importlib.import_module("edgespec_base.runtime.engine").Engine
-        engines[f"base {args.base}"] = base.load(args.model, drafter="none",
-                                                  n_gpu_layers=args.ngl, progress=False)
+        engines[f"base {args.base}"] = base.load(args.model, args.draft, **load)
     for engine in engines.values():
         edgespec_outside(engine, 8, args.drafter)  # warm-up
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in [*engines, "bare loop"]}

@@ -85,6 +85,8 @@ section "1b host time per token outside llama.cpp: edgespec's none against a bar
 # with .hostbase/edgespec (an older package: see the header) in the tree, that version too, alternating
 HB=""; [ -d .hostbase/edgespec ] && HB="--base .hostbase"
 run 60 host_floor python3 scripts/host_floor.py --model "$T" --ngl -1 -r 5 $HB
+# auto as a GPU plays it: the draft model loaded (it may pay there, so a plain step rates it)
+run 60 host_floor_auto python3 scripts/host_floor.py --model "$T" --draft "$D" --drafter auto --ngl -1 -r 5 $HB
 
 section "2 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
 TAIL=70 run 240 bench_greedy $ES bench $GPU -r 2 $ANCH --json "$R/bench_greedy.json" --plot "$R/bench_greedy.png"
