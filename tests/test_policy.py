@@ -66,6 +66,26 @@ def test_cost_curve_interpolates_extrapolates_and_learns():
         CostCurve({})
 
 
+def test_a_point_added_next_to_the_last_does_not_bend_the_curve_beyond_it():
+    """The loop adds points where it plays, often next to a measured one; the slope between
+    two neighbours is noise. A CPU bench's curve (points 1, 4, 16; ~38 ms a token) once saw a
+    17-token call at 0.96 t(16), and the last segment's extension made t(33) 0.22 s where
+    it is ~1.3 s: auto then played 32-token drafts on every prompt (0.68x of plain decoding on
+    one). Beyond the last point the line now runs from the last point at or below half of it
+    (the calibration's points are spaced so that this is their last segment)."""
+    import numpy as np
+
+    cpu = {1: 0.054, 4: 0.171, 16: 0.624}
+    t = CostCurve(dict(cpu))
+    assert t(33) == pytest.approx(0.624 + 17 * (0.624 - 0.171) / 12)  # the calibration's line
+    t.observe(17, 0.96 * 0.624)
+    assert t(33) > 0.85 * CostCurve(cpu)(33)  # was 0.17x
+    assert np.allclose(t.table(40)[1:], [t(n) for n in range(1, 41)], rtol=1e-12)
+    # The H100's calibration (points up to 33 with 16 below half of it): as before.
+    gpu = {1: 2.21e-3, 4: 3.16e-3, 8: 3.39e-3, 16: 4.86e-3, 33: 6.19e-3}
+    assert CostCurve(gpu)(40) == pytest.approx(6.19e-3 + 7 * (6.19e-3 - 4.86e-3) / 17)
+
+
 def test_break_even_acceptance():
     # Linear costs with no per-call overhead: even perfect drafts cannot pay.
     linear = {1: 1.0, 8: 8.0}
