@@ -104,8 +104,16 @@ class Device:
         return (self.steady(width) + (0.0 if replay else self.penalty(width))
                 + (self.capture_cost if capture else 0.0))
 
+    #: (rng, per-call lognormal sigma, random-walk sigma of the machine's speed) or None
+    noise: tuple | None = None
+    _speed = 0.0  #: log of the machine's speed factor now (the walk)
+
     def call(self, width: int) -> float:
         seconds = self.cost(width, self.last, self.run)
+        if self.noise is not None:
+            rng, jitter, drift = self.noise
+            self._speed = min(max(self._speed + drift * rng.standard_normal(), -0.3), 0.3)
+            seconds *= math.exp(self._speed + jitter * rng.standard_normal())
         replay, capture = self.graph(width, self.last, self.run)
         self.penalised += not replay
         self.captures += capture
@@ -293,6 +301,12 @@ def main() -> None:
                     help="replay on the machine a bench results file calibrated (its target "
                     "curve, switch penalty and draft cost) instead of the H100: on a CPU, the "
                     "same choices as bench makes there without its timing noise")
+    ap.add_argument("--jitter", type=float, default=0.0,
+                    help="each call's time times exp(N(0, JITTER)): a noisy machine")
+    ap.add_argument("--drift", type=float, default=0.0,
+                    help="and times exp(W), W a random walk of steps N(0, DRIFT) within "
+                    "+-0.3: a machine whose speed wanders (this CPU VM's does, 14-19 tok/s)")
+    ap.add_argument("--seed", type=int, default=0, help="of --jitter and --drift")
     ap.add_argument("--ceiling", action="store_true",
                     help="also the lookup ceiling: perfect-foresight lookup on the same "
                     "answers and device model (needs drafter none)")
@@ -336,6 +350,9 @@ def main() -> None:
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
     target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
     target.device.capture_cost = args.capture_ms * 1e-3
+    if args.jitter or args.drift:
+        noise_rng = np.random.default_rng(args.seed)
+        target.device.noise = draft.device.noise = (noise_rng, args.jitter, args.drift)
     curve = CostCurve(dict(points), switch_penalty=penalty)
     engine.costs = engine_module.Costs(curve, per_token, 0.0)
     prompts = load_prompts(args.prompt_file)
@@ -384,6 +401,7 @@ def main() -> None:
                 runs.setdefault((prompt.id, name), []).append({
                     "tokens": generated, "seconds": seconds, "rounds": n_rounds,
                     "device_s": clock.device - dev0, "by_source": by_source,
+                    "choices": dict(getattr(drafter, "choices", {})),
                     **{f"{m.name}_{key}": count - before[m.name][key]
                        for m in (target, draft) for key, count in m.device.counts().items()}})
             memo.save()
