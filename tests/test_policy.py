@@ -86,6 +86,24 @@ def test_a_point_added_next_to_the_last_does_not_bend_the_curve_beyond_it():
     assert CostCurve(gpu)(40) == pytest.approx(6.19e-3 + 7 * (6.19e-3 - 4.86e-3) / 17)
 
 
+def test_an_observation_is_not_clamped_to_a_curve_that_says_longer_is_cheaper():
+    """A stalled call counts as at most OUTLIER times what the curve says; but where the curve
+    says a call costs less than a shorter one did (an extension tilted by noise), that cap
+    turned every real observation into twice the curve's own mistake, and the next point
+    tilted it further: on a noisy replay of this CPU t(28), t(31), t(33) went 367, 294, 0.01
+    ms (truth: over a second). The cap now rests on no less than the dearest shorter point."""
+    t = CostCurve({1: 0.05, 4: 0.17, 16: 0.6, 32: 0.2})  # a bad point at 32
+    assert t(33) < 0.2  # the curve says 33 tokens cost less than 16
+    t.observe(33, 1.3)
+    assert t(33) == pytest.approx(2 * 0.6)  # (was 2 x 0.175)
+    t.observe(32, 1.25)
+    assert t(32) == pytest.approx(0.2 + (2 * 0.6 - 0.2) / 2)  # (was 0.3: 2 x its own 0.2)
+    # where the curve rises, the cap is what it was: twice what the curve says
+    t = CostCurve({1: 1.0, 5: 3.0})
+    t.observe(3, 40.0)
+    assert t(3) == pytest.approx(4.0)
+
+
 def test_break_even_acceptance():
     # Linear costs with no per-call overhead: even perfect drafts cannot pay.
     linear = {1: 1.0, 8: 8.0}

@@ -255,8 +255,16 @@ class CostCurve:
         # One call counts at most OUTLIER times what the curve says: a stalled call (seen on
         # a GPU: 17-25 ms for a 3-token call that costs ~3) must not become a point by itself;
         # a real slow-down still shows within a few calls. Faster is taken as measured (a
-        # call cannot run faster than the machine does: the curve was pessimistic).
-        seconds = min(seconds, self(n) * OUTLIER)
+        # call cannot run faster than the machine does: the curve was pessimistic). What the
+        # curve says is taken as no less than any shorter point: scoring more tokens never
+        # costs less, and a curve that said so (an extension tilted by noise) clamped every
+        # real observation to twice its own mistake, which then tilted it further: t(33)
+        # fell to 0.01 ms on a noisy replay of this CPU.
+        ref = self(n)
+        shorter = bisect.bisect_left(self._ns, n)
+        if shorter and not self.width:
+            ref = max(ref, max(self._times[:shorter]))
+        seconds = min(seconds, ref * OUTLIER)
         if n in self.points:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
