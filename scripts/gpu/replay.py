@@ -405,7 +405,9 @@ def main() -> None:
                     **{f"{m.name}_{key}": count - before[m.name][key]
                        for m in (target, draft) for key, count in m.device.counts().items()}})
             memo.save()
-        print(f"repeat {rep + 1}: {memo.misses} model calls here so far", file=sys.stderr)
+        print(f"repeat {rep + 1}: {memo.misses} model calls here so far; auto's curve now "
+              f"{ {n: round(t * 1e3, 2) for n, t in sorted(curve.points.items())} } ms",
+              file=sys.stderr)
 
     def rate(pid, name):
         return statistics.median(r["tokens"] / r["seconds"] for r in runs[(pid, name)])
