@@ -166,8 +166,8 @@ class CostCurve:
 
     def lower_bound(self, lo: int, hi: int) -> float:
         """A number no larger than t(n) for any n in [lo, hi] (as ``table`` gives them): the
-        staircase of a fixed width never falls, and a piecewise-linear curve (its end segments
-        extended) is least at one of its points or at an end of the range."""
+        staircase of a fixed width never falls, and a piecewise-linear curve (extended beyond
+        its ends) is least at one of its points or at an end of the range."""
         if self.width:
             return self(lo)
         inside = [self.points[n] for n in self._ns if lo < n < hi]
@@ -215,7 +215,7 @@ class CostCurve:
         ``__call__`` gives: the auto drafter's per-round choice reads a whole row of them, and
         on a GPU a round has tens of microseconds, not the ~3 µs a Python call per n costs.
 
-        Piecewise-linear interpolation (and the end segments' extension) is linear in the
+        Piecewise-linear interpolation (and its extension beyond the ends) is linear in the
         measured times, so the row is one product of a weight matrix, which depends only on
         where the points are (rebuilt when a point is added), with the times (which move every
         round)."""
@@ -261,14 +261,14 @@ class CostCurve:
         # real observation to twice its own mistake, which then tilted it further: t(33)
         # fell to 0.01 ms on a noisy replay of this CPU.
         ref = self(n)
-        shorter = bisect.bisect_left(self._ns, n)
-        if shorter and not self.width:
-            ref = max(ref, max(self._times[:shorter]))
+        at = bisect.bisect_left(self._ns, n)  # (n's index, or where it goes; 0 at a fixed width)
+        if at:
+            ref = max(ref, max(self._times[:at]))
         seconds = min(seconds, ref * OUTLIER)
         if n in self.points:
             count = self.counts[n] = self.counts.get(n, 1) + 1
             self.points[n] += max(_EMA, 1.0 / count) * (seconds - self.points[n])
-            self._times[bisect.bisect_left(self._ns, n)] = self.points[n]
+            self._times[at] = self.points[n]
             self._times_array = None
         else:
             self.points[n] = seconds
