@@ -25,6 +25,11 @@ copies at later positions of the same sequence (causally masked out of the real 
 all W rows (the output projection's kernel follows the number of output rows too), and the pads
 removed from the KV cache afterwards. Every call then has one shape, so a token's logits do not
 depend on how many real tokens shared its call. :attr:`LlamaBackend.kernels` names the mode.
+
+On a GPU (and through RPC workers) llama_decode returns once the graph is queued on the device.
+:meth:`LlamaBackend.start_decode` returns there, and :meth:`LlamaBackend.finish_decode` waits:
+the loop launches a round's call before it hands the last round to its caller, whose work then
+overlaps the device's (see :func:`edgespec.runtime.loop.rounds`).
 """
 
 from __future__ import annotations
@@ -405,6 +410,14 @@ class LlamaBackend:
                                      if self._pieces else min(MAX_SAMPLED_ROWS, self._n_batch))
         #: seconds spent inside llama_decode so far (to tell llama.cpp's time from Python's)
         self.decode_seconds = 0.0
+        #: llama_decode returns before the device is done (a local GPU, RPC workers): a call
+        #: begun with :meth:`start_decode` lets the caller work while the device computes.
+        #: On the CPU the decode is the computation, and starting early gains nothing.
+        self.asynchronous: bool = on_gpu or bool(options.rpc)
+        self._in_flight = False  #: a launched llama_decode not yet waited for
+        #: what :meth:`finish_decode` reads: ``(picks, rows)`` of the launched call, or None
+        self._launched: tuple[bool, int] | None = None
+        self._ready = None  #: a result :meth:`start_decode` computed at once
         self.path = path
         # llama.cpp's backend sampling: a one-sampler chain attached to sequence 0 while its
         # rows are decoded (attached, the raw logits are not copied out): greedy's pick, or a
@@ -442,6 +455,8 @@ class LlamaBackend:
 
     def close(self) -> None:
         """Free the context and model (idempotent)."""
+        if getattr(self, "_in_flight", False) and getattr(self, "_ctx", None) is not None:
+            self._settle()  # (nothing is freed under a running decode)
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.close()
         if getattr(self, "_batch", None) is not None:
@@ -470,6 +485,8 @@ class LlamaBackend:
     def trim(self, n: int) -> int:
         """Drop the cached tokens after the first ``n``; return how many stay cached (0 where a
         recurrent model cannot drop a suffix and starts over)."""
+        if self._in_flight:
+            self._settle()
         if n < len(self.tokens):
             ok = llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, n, -1)
             if not ok:  # recurrent models cannot drop a suffix: start over
@@ -480,6 +497,9 @@ class LlamaBackend:
 
     def reset(self) -> None:
         """Empty the KV cache."""
+        if self._in_flight:
+            self._settle()
+        self._launched = self._ready = None
         llama_cpp.llama_memory_clear(self._ctx.memory, True)
         self.tokens.clear()
 
@@ -513,13 +533,16 @@ class LlamaBackend:
             return self._decode(tokens, n_logits, "argmax").tolist()
         return np.argmax(self.decode(tokens, n_logits), axis=1).tolist()
 
-    def _decode_picks(self, tokens: Sequence[int], n: int) -> list[int]:
+    def _decode_picks(self, tokens: Sequence[int], n: int, wait: bool = True) -> list[int] | None:
         """:meth:`decode_argmax` of ``n`` tokens that one llama_decode call takes, every row's
         pick read: a verification round's call, or a plain step's. It does what a plain loop
         over llama.cpp's C calls would, no more. On a GPU a token costs ~2 ms, and Python runs
         cold after each decode (code and data evicted): there each NumPy call the general path
         makes (spans, output flags, slices, the result array) cost 10-40 µs, not the ~1 µs it
-        costs in a warm loop. A few tokens go in through the batch's C arrays one by one."""
+        costs in a warm loop. A few tokens go in through the batch's C arrays one by one.
+        Without ``wait`` the call is only launched (:meth:`start_decode`)."""
+        if self._in_flight:
+            self._settle()
         start = len(self.tokens)
         if start + n > self.n_ctx:
             raise ContextOverflowError(
@@ -538,14 +561,14 @@ class LlamaBackend:
             self._outputs_flagged = n
         batch.n_tokens = n
         try:
-            self._call()
+            self._call() if wait else self._launch()
             self.tokens += tokens
         except BaseException:
             # failed or interrupted (Ctrl-C) before the record says what the cache holds:
             # forget it all, as _decode does; the next sync() re-decodes the prompt
             self.reset()
             raise
-        return self._sampled_ids(n)
+        return self._sampled_ids(n) if wait else None
 
     def decode_window(self, tokens: Sequence[int], n_logits: int,
                       window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -566,6 +589,68 @@ class LlamaBackend:
             return np.empty((n_logits, 0), np.int32), np.empty((n_logits, 0), np.float32)
         return top_window(rows, window)
 
+    def start_decode(self, tokens: Sequence[int], n_logits: int, *, picks: bool = False) -> None:
+        """Begin :meth:`decode` (:meth:`decode_argmax` with ``picks``) of ``tokens`` and, where
+        llama.cpp's decode is asynchronous (:attr:`asynchronous`) and one llama_decode call
+        takes them all, return while the device computes; :meth:`finish_decode` waits and
+        gives the result. The record of the cache holds ``tokens`` at once, so a decode whose
+        result is never read is cut off by the next ``sync``. Any other call on this backend
+        waits for the device first (and a decode in between takes the place of this one's
+        result: finish first). Otherwise the result is computed here, and kept for
+        :meth:`finish_decode`."""
+        if self._in_flight:
+            self._settle()
+        n = len(tokens)
+        self._launched = self._ready = None
+        if picks:
+            if n_logits and self.backend_argmax and self._attached != "argmax":
+                self._attach("argmax")
+            if n_logits == n and self._argmax_on and n <= self._picks_per_call:
+                self._decode_picks(tokens, n, wait=False)
+                self._launched = (True, n)
+            else:
+                self._ready = self.decode_argmax(tokens, n_logits)
+            return
+        if not 0 < n_logits <= n or self._pieces or self.fixed_width or n > self._n_batch:
+            self._ready = self.decode(tokens, n_logits)
+            return
+        if self._attached is not None:
+            self._attach(None)
+        start = len(self.tokens)
+        if start + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + n} tokens do not fit in the context of {self.n_ctx}")
+        self._b_token[:n] = tokens
+        self._b_pos[:n] = self._positions[start:start + n]
+        self._outputs_flagged = 0
+        self._b_logits[:n - n_logits] = 0
+        self._b_logits[n - n_logits:n] = 1
+        self._batch.n_tokens = n
+        try:
+            self._launch()
+            self.tokens += tokens
+        except BaseException:
+            self.reset()  # (as in _decode_picks)
+            raise
+        self._launched = (False, n_logits)
+
+    def finish_decode(self) -> list[int] | np.ndarray:
+        """The result of the decode :meth:`start_decode` began, waited for: a list of picks, or
+        the rows of logits (read-only, valid until the next decode, as :meth:`decode`'s)."""
+        launched = self._launched
+        if launched is None:
+            ready, self._ready = self._ready, None
+            if ready is None:
+                raise RuntimeError("finish_decode without start_decode")
+            return ready
+        self._launched = None
+        if self._in_flight:
+            self._settle()
+        picks, rows = launched
+        if picks:
+            return self._sampled_ids(rows)
+        return self._logits_view(rows)
+
     @property
     def _argmax_on(self) -> bool:
         return self._attached == "argmax"
@@ -574,6 +659,8 @@ class LlamaBackend:
         """Attach llama.cpp's greedy sampler (``"argmax"``), a top-k of ``kind`` (an int: a
         draft window), or nothing (``None``) to sequence 0. A context that cannot run one
         (e.g. split mode "tensor") gets NumPy's answers from then on."""
+        if self._in_flight:
+            self._settle()
         # A chain is initialised for its context once (llama.cpp aborts on a second
         # attach), so each attach makes a new one. A detached chain is freed at the next
         # change, once a decode has rebuilt the graph without it.
@@ -598,6 +685,8 @@ class LlamaBackend:
                 sampled: str | int | None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         if not 0 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
+        if self._in_flight:
+            self._settle()
         start = len(self.tokens)
         if start + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
@@ -709,6 +798,39 @@ class LlamaBackend:
         self.decode_seconds += time.perf_counter() - t0
         if rc != 0:
             raise ModelError(f"llama_decode failed with code {rc}")
+
+    def _launch(self) -> None:
+        """One llama_decode of the batch as filled, not waited for (:meth:`_settle` does):
+        llama.cpp builds the graph and queues it on the device, and returns. Each half counts
+        as llama.cpp's time; the caller's work between them counts as nobody's."""
+        ctx = self._ctx.ctx
+        watchdog = self._watchdog
+        t0 = time.perf_counter()
+        if watchdog is not None:
+            watchdog.deadline = t0 + watchdog.timeout
+        self._in_flight = True  # (set first: a decode that failed mid-way is waited for too)
+        try:
+            rc = llama_cpp.llama_decode(ctx, self._batch)
+        finally:
+            if watchdog is not None:
+                watchdog.deadline = None  # (a consumer may hold the stream for minutes)
+        self.decode_seconds += time.perf_counter() - t0
+        if rc != 0:
+            raise ModelError(f"llama_decode failed with code {rc}")
+
+    def _settle(self) -> None:
+        """Wait for a launched decode (every other call on this context does so first)."""
+        watchdog = self._watchdog
+        t0 = time.perf_counter()
+        if watchdog is not None:
+            watchdog.deadline = t0 + watchdog.timeout
+        try:
+            llama_cpp.llama_synchronize(self._ctx.ctx)
+        finally:
+            if watchdog is not None:
+                watchdog.deadline = None
+        self._in_flight = False
+        self.decode_seconds += time.perf_counter() - t0
 
     def _sampled_ids(self, n: int, first: int = 0) -> list[int]:
         """The backend sampler's picks for ``n`` outputs of the last call from ``first`` on."""
