@@ -7,6 +7,7 @@ provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -552,33 +553,37 @@ class Engine:
         text = TextStream(stop)
         rng = make_rng(sampling.seed)
         finish = None
-        for rnd in rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens):
-            infos: list[TokenInfo] = []
-            for tok, src in zip(rnd.tokens, rnd.sources):
-                if target.is_eog(tok):
-                    finish = "stop"
-                    break
-                stats.generated += 1
-                infos.append(TokenInfo(tok, text.push(target.token_bytes(tok)), src))
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if stats.generated >= max_tokens:
-                    finish = "length"
-                    break
+        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens)
+        try:
+            for rnd in played:
+                infos: list[TokenInfo] = []
+                for tok, src in zip(rnd.tokens, rnd.sources):
+                    if target.is_eog(tok):
+                        finish = "stop"
+                        break
+                    stats.generated += 1
+                    infos.append(TokenInfo(tok, text.push(target.token_bytes(tok)), src))
+                    if text.stopped:
+                        finish = "stop"
+                        break
+                    if stats.generated >= max_tokens:
+                        finish = "length"
+                        break
+                stats.time_total = time.perf_counter() - start
+                stats.time_llama = self._llama_seconds() - llama_start
+                if finish:
+                    tail = text.flush()
+                    if tail and infos:
+                        infos[-1] = TokenInfo(infos[-1].id, infos[-1].text + tail, infos[-1].source)
+                        tail = ""
+                    yield Chunk("".join(i.text for i in infos) + tail, infos, stats, finish)
+                    return
+                yield Chunk("".join([i.text for i in infos]), infos, stats)  # (no generator)
             stats.time_total = time.perf_counter() - start
             stats.time_llama = self._llama_seconds() - llama_start
-            if finish:
-                tail = text.flush()
-                if tail and infos:
-                    infos[-1] = TokenInfo(infos[-1].id, infos[-1].text + tail, infos[-1].source)
-                    tail = ""
-                yield Chunk("".join(i.text for i in infos) + tail, infos, stats, finish)
-                return
-            yield Chunk("".join([i.text for i in infos]), infos, stats)  # (no generator)
-        stats.time_total = time.perf_counter() - start
-        stats.time_llama = self._llama_seconds() - llama_start
-        yield Chunk(text.flush(), [], stats, "context")
+            yield Chunk(text.flush(), [], stats, "context")
+        finally:
+            played.close()  # at once when the caller stops: a round launched ahead is waited for
 
     def _llama_seconds(self) -> float:
         # (asked every round: no generator, which costs several µs in the cold caches after

@@ -35,6 +35,9 @@ class Target(Protocol):
 
     # Optional: ``decode_argmax(tokens, n_logits)``, each row's arg-max id only. Greedy rounds
     # use it when present: the target's picks are all a greedy verdict needs.
+    # Optional: ``asynchronous`` (true where a decode returns before the device is done) with
+    # ``start_decode(tokens, n_logits, picks=...)`` and ``finish_decode()``: the next round is
+    # then launched before this one is yielded (see :func:`rounds`).
 
 
 @dataclass(frozen=True)
@@ -97,51 +100,93 @@ def rounds(
     cold caches a decode leaves, where each call or object made costs several µs (10-15 µs
     for a dataclass on this project's CPU VM): so the per-round work is kept to what a round
     needs, e.g. a greedy plain step makes no verdict.
+
+    Where the target's decode is asynchronous (``target.asynchronous``, with ``start_decode``
+    and ``finish_decode``: a GPU, RPC workers), the next round is proposed and its call
+    launched before this round is yielded, so that what the caller does with a round (text,
+    streaming, the UI) runs while the device computes. The next round depends on nothing the
+    caller decides, only on the tokens committed. A round the caller never takes is waited for
+    when the generator is closed, and its tokens are left in the target's cache record (the
+    next ``sync`` cuts them off). On the CPU the decode is the work, and launching it before
+    the yield would only delay each round's text.
     """
     committed = list(prompt)
     cache = Follower(target)
     emitted = 0
     picks = getattr(target, "decode_argmax", None) if params.greedy else None
+    start = getattr(target, "start_decode", None)
+    ahead = start is not None and getattr(target, "asynchronous", False)
+    finish = target.finish_decode if ahead else None
+    is_eog = getattr(target, "is_eog", None)
+    as_picks = picks is not None
     observe = getattr(drafter, "observe", None)
     draft_source, target_source = Source.DRAFT, Source.TARGET
-    while len(committed) < target.n_ctx:
+    n_ctx = target.n_ctx
+
+    def plan() -> tuple:
+        """Propose the next round, bring the cache to it and (``ahead``) launch its call:
+        ``(draft, tokens, q, seconds drafting, seconds of the target's so far)``."""
         # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
         # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
-        k = min(draft_length, target.n_ctx - len(committed) - 1)
+        k = min(draft_length, n_ctx - len(committed) - 1)
         if max_new_tokens is not None:
             k = min(k, max(max_new_tokens - emitted - 1, 0))
-
         t0 = time.perf_counter()
         draft = drafter.propose(committed, k, params, rng) if k > 0 else None
         tokens = draft.tokens[:k] if draft else []
         q = draft.q[: len(tokens)] if draft else []
         t1 = time.perf_counter()
-
         cache.sync(committed, len(committed) - 1)
-        if picks is not None:
-            ids = picks([committed[-1], *tokens], len(tokens) + 1)
-            t2 = time.perf_counter()
-            if tokens:
-                verdict = verify_greedy(tokens, ids)
-                accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
-            else:  # a greedy plain step: the target's pick (no verdict made; see rounds' note)
-                accepted, token, source = 0, int(ids[0]), target_source
-        else:
-            logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
-            t2 = time.perf_counter()
-            verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
-            accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
-        t3 = time.perf_counter()
+        if ahead:
+            start([committed[-1], *tokens], len(tokens) + 1, picks=as_picks)
+        return draft, tokens, q, t1 - t0, time.perf_counter() - t1
 
-        new = tokens[:accepted] + [token]
-        sources = [draft_source] * accepted + [source]
-        committed.extend(new)
-        emitted += len(new)
-        name = draft.source if draft and tokens else "none"
-        if observe is not None:
-            observe(Outcome(draft, len(tokens), accepted, new, t1 - t0, t2 - t1))
-        stats.record_round(name, len(tokens), accepted)
-        stats.time_drafting += t1 - t0
-        stats.time_target += t2 - t1
-        stats.time_sampling += t3 - t2
-        yield Round(new, sources, name, len(tokens), accepted)
+    pending = None
+    try:
+        while len(committed) < n_ctx:
+            if pending is None:
+                pending = plan()
+            draft, tokens, q, t_draft, t_target = pending
+            pending = None
+            t2 = time.perf_counter()
+            if picks is not None:
+                ids = finish() if ahead else picks([committed[-1], *tokens], len(tokens) + 1)
+                t3 = time.perf_counter()
+                if tokens:
+                    verdict = verify_greedy(tokens, ids)
+                    accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
+                else:  # a greedy plain step: the target's pick (no verdict made; see rounds' note)
+                    accepted, token, source = 0, int(ids[0]), target_source
+            else:
+                logits = finish() if ahead else target.decode([committed[-1], *tokens], len(tokens) + 1)
+                t3 = time.perf_counter()
+                verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
+                accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
+            t4 = time.perf_counter()
+            t_target += t3 - t2
+
+            new = tokens[:accepted] + [token]
+            sources = [draft_source] * accepted + [source]
+            committed.extend(new)
+            emitted += len(new)
+            name = draft.source if draft and tokens else "none"
+            if observe is not None:
+                observe(Outcome(draft, len(tokens), accepted, new, t_draft, t_target))
+            failure = None
+            if ahead and len(committed) < n_ctx and (
+                    max_new_tokens is None or emitted < max_new_tokens) and not (
+                    is_eog is not None and (any(map(is_eog, new)) if accepted else is_eog(token))):
+                try:
+                    pending = plan()
+                except Exception as err:  # raised once this round is delivered
+                    failure = err
+            stats.record_round(name, len(tokens), accepted)
+            stats.time_drafting += t_draft
+            stats.time_target += t_target
+            stats.time_sampling += t4 - t3
+            yield Round(new, sources, name, len(tokens), accepted)
+            if failure is not None:
+                raise failure
+    finally:
+        if pending is not None:  # a launched call whose round nobody will take
+            finish()
