@@ -209,6 +209,52 @@ class FakeLM:
         self.closed = True
 
 
+class AheadLM(FakeLM):
+    """A FakeLM whose decodes start and finish apart, as LlamaBackend's do where llama.cpp's
+    decode is asynchronous (``asynchronous``: a GPU, RPC workers). The work is done at the start
+    (the record of the cache holds the tokens at once, as the real one's does); ``events`` logs
+    each start and finish, and anything else asked of the model while a call is in flight fails
+    the test."""
+
+    asynchronous = True
+
+    def __init__(self, table: LogitTable, **kw) -> None:
+        super().__init__(table, **kw)
+        self.events: list[tuple] = []
+        self.in_flight = False
+        self._result = None
+
+    def _idle(self) -> None:
+        assert not self.in_flight, "the model was used while a launched call was in flight"
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        self._idle()
+        return super().sync(prefix)
+
+    def trim(self, n: int) -> int:
+        self._idle()
+        return super().trim(n)
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        self._idle()
+        return super().decode(tokens, n_logits)
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> list[int]:
+        return np.argmax(self.decode(tokens, n_logits), axis=1).tolist()
+
+    def start_decode(self, tokens: Sequence[int], n_logits: int, *, picks: bool = False) -> None:
+        rows = self.decode(tokens, n_logits)
+        self._result = np.argmax(rows, axis=1).tolist() if picks else rows
+        self.in_flight = True
+        self.events.append(("start", len(tokens)))
+
+    def finish_decode(self):
+        assert self.in_flight, "finish_decode without start_decode"
+        self.in_flight = False
+        self.events.append(("finish",))
+        return self._result
+
+
 def pair(n_vocab: int = 8, *, seed: int = 1, draft: str = "perturbed", scale: float = 1.5,
          n_ctx: int = 256, draft_n_ctx: int | None = None, **table_kw) -> tuple[FakeLM, FakeLM]:
     """A target fake and a draft fake: ``draft`` is ``"same"`` (the target's own table),

@@ -18,7 +18,7 @@ from edgespec.core.sampling import SamplingParams
 from edgespec.errors import ConfigError, ContextOverflowError
 from edgespec.runtime.engine import Completion, Engine, EngineBusyError
 
-from .fakes import FakeLM, Perturbed, Scripted, Table
+from .fakes import AheadLM, FakeLM, Perturbed, Scripted, Table
 
 BOS, EOG = 0, 1
 VOCAB = [b"<s>", b"</s>", b"a", b"b", b"c", b" ", b"h", b"e", b"l", b"o", b"w", b"r", b"d", b"lo",
@@ -44,16 +44,18 @@ def fake(table, n_ctx) -> FakeLM:
 
 
 def build(script=(), *, draft="same", typos=None, drafter="model", n_ctx=128, k=4, seed=0,
-          prompt=PROMPT) -> Engine:
+          prompt=PROMPT, ahead=False) -> Engine:
     """An engine whose greedy target text is ``script`` (then free text without EOG).
 
     ``draft``: "same", "typos" (the script with ``typos`` {position: token} changed),
-    "perturbed", or None (no draft model).
+    "perturbed", or None (no draft model). ``ahead``: the target's decodes are asynchronous
+    (:class:`~tests.fakes.AheadLM`), as on a GPU.
     """
     start = prompt_len(prompt)
     base = Table(V, seed, banned=[BOS, EOG])
     table = Scripted(base, script, start)
-    target = fake(table, n_ctx)
+    target = (AheadLM(table, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS) if ahead
+              else fake(table, n_ctx))
     if draft is None:
         dm = None
     elif draft == "same":
@@ -297,6 +299,26 @@ def test_closing_the_stream_early_leaves_the_engine_usable(setup):
     assert again.text == want.text
     assert [t.id for t in again.tokens] == [t.id for t in want.tokens]
     assert again.stats.cached_prompt_tokens == prompt_len() - 1  # the prompt was reused
+
+
+@pytest.mark.parametrize("setup", DRAFTERS)
+def test_an_asynchronous_target_gives_the_same_text_and_every_end_waits_for_its_call(setup):
+    """Rounds launched before the last is yielded (a GPU): the same tokens, and whatever ends
+    the generation (EOG, a stop string, max_tokens, the caller), nothing is left in flight."""
+    script = HELLO + ids("a", "b") + [EOG]
+    sync, ahead = build(script, **DRAFTERS[setup]), build(script, ahead=True, **DRAFTERS[setup])
+    for kw in (dict(), dict(max_tokens=5), dict(stop="wor"), dict(stop="!"),
+               dict(sampling=SamplingParams(temperature=1.0, seed=3), max_tokens=30)):
+        want, got = complete(sync, **kw), complete(ahead, **kw)
+        assert (got.text, got.finish_reason) == (want.text, want.finish_reason)
+        assert [(t.id, t.source) for t in got.tokens] == [(t.id, t.source) for t in want.tokens]
+        assert not ahead.target.in_flight
+    gen = stream(ahead, max_tokens=40)
+    next(gen)
+    assert ahead.target.in_flight  # the next round's call runs while the caller has this one
+    gen.close()
+    assert not ahead.target.in_flight
+    assert complete(ahead).text == complete(sync).text == "hello world!ab"
 
 
 def test_an_exception_thrown_into_the_stream_leaves_the_engine_usable():

@@ -7,6 +7,7 @@ besides, every decode call is recorded and checked against what the loop should 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from itertools import product
 
@@ -21,7 +22,7 @@ from edgespec.runtime import loop
 from edgespec.runtime.drafters import AutoDrafter, Draft, ModelDrafter, make_drafter
 from edgespec.runtime.loop import prefill, rounds
 
-from .fakes import FakeLM, LogitTable, Perturbed, Table, pair
+from .fakes import AheadLM, FakeLM, LogitTable, Perturbed, Table, pair
 from .stats_util import ALPHA, chi2_pvalue
 
 GREEDY = SamplingParams(temperature=0)
@@ -628,3 +629,111 @@ def test_on_a_gpu_a_short_catch_up_goes_one_token_a_call_and_drafts_the_same(beh
         assert widths[True] == [1] * (behind + 2)
     else:
         assert widths[True] == [behind, 1, 1]
+
+
+# ---- an asynchronous target: the next round launched before this one is yielded ---------------
+
+
+def _ahead(lm: FakeLM) -> AheadLM:
+    """The same model, with decodes that start and finish apart (a GPU's, RPC workers')."""
+    return AheadLM(lm.table, n_ctx=lm.n_ctx, eog=lm.eog)
+
+
+@pytest.mark.parametrize("name", ["none", "lookup", "model", "hybrid"])
+@pytest.mark.parametrize("params", [GREEDY, T1], ids=["greedy", "temperature-1"])
+def test_launching_ahead_plays_the_same_rounds(name, params):
+    target, draft = _greedy_setup()
+    want, want_rounds, want_stats = generate(target, make_drafter(name, draft, 8), PROMPT, params, 4, 100)
+    target, draft = _greedy_setup()
+    ahead = _ahead(target)
+    got, got_rounds, stats = generate(ahead, make_drafter(name, draft, 8), PROMPT, params, 4, 100)
+    assert got == want and got_rounds == want_rounds
+    assert (stats.drafted, stats.accepted) == (want_stats.drafted, want_stats.accepted)
+    # every round's call was launched ahead (the first with nothing to overlap)
+    assert sum(e[0] == "start" for e in ahead.events) >= len(got_rounds)
+
+
+def test_the_next_round_is_launched_before_this_one_is_yielded_and_closing_waits_for_it():
+    target, draft = _greedy_setup()
+    ahead = _ahead(target)
+    prefill(ahead, PROMPT)
+    committed = list(PROMPT)
+    gen = rounds(ahead, make_drafter("hybrid", draft, 8), PROMPT, GREEDY, make_rng(0), 4, Stats())
+    for _ in range(12):
+        committed += next(gen).tokens
+        # the caller holds this round while the next one's call runs: [last] + its drafts
+        assert ahead.in_flight and ahead.events[-1][0] == "start"
+        assert ahead.tokens[:len(committed)] == committed
+        assert len(ahead.tokens) == len(committed) - 1 + ahead.events[-1][1]
+    gen.close()
+    assert not ahead.in_flight and ahead.events[-1] == ("finish",)  # waited for, not read
+    # its tokens stay in the cache's record; the next generation cuts them off
+    got, _, _ = generate(ahead, make_drafter("lookup"), committed, GREEDY, 4, 40)
+    fresh, _ = _greedy_setup()
+    want, _, _ = generate(fresh, make_drafter("lookup"), committed, GREEDY, 4, 40)
+    assert got == want
+
+
+@pytest.mark.parametrize("max_new", [1, 3, 7, 12])
+def test_nothing_is_launched_past_the_budget(max_new):
+    target, draft = pair(8, seed=7, draft="same")
+    ahead = _ahead(target)
+    prefill(ahead, PROMPT)
+    gen = rounds(ahead, make_drafter("model", draft, 8), PROMPT, GREEDY, make_rng(0), 4, Stats(),
+                 max_new)
+    emitted = 0
+    while emitted < max_new:
+        emitted += len(next(gen).tokens)
+        assert ahead.in_flight == (emitted < max_new)
+    assert emitted == max_new
+    gen.close()
+
+
+@pytest.mark.parametrize("name", ["none", "lookup"])
+def test_nothing_is_launched_after_an_end_of_generation_token(name):
+    target, _ = _greedy_setup()
+    plain, _, _ = generate(target, make_drafter("none"), PROMPT, GREEDY, 4, 40)
+    j = next(i for i in range(3, 40) if plain[i] not in plain[:i])  # its first occurrence
+    ahead = AheadLM(target.table, n_ctx=target.n_ctx, eog=[plain[j]])
+    prefill(ahead, PROMPT)
+    gen = rounds(ahead, make_drafter(name), PROMPT, GREEDY, make_rng(0), 4, Stats())
+    out = []
+    while plain[j] not in out:
+        out += next(gen).tokens
+        assert ahead.in_flight == (plain[j] not in out)
+    assert out[: j + 1] == plain[: j + 1]
+    gen.close()
+    assert ahead.events[-1] == ("finish",)  # the last round's call, read: nothing since
+
+
+def test_a_drafter_failing_while_the_next_round_is_planned_fails_after_this_round_is_delivered():
+    class Failing:
+        name = "failing"
+        calls = 0
+
+        def propose(self, context, k, params, rng):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("boom")
+            return Draft(source="none")
+
+    for target in (_greedy_setup()[0], _ahead(_greedy_setup()[0])):
+        prefill(target, PROMPT)
+        gen = rounds(target, Failing(), PROMPT, GREEDY, make_rng(0), 4, Stats())
+        assert len(next(gen).tokens) == len(next(gen).tokens) == 1  # rounds 1 and 2 delivered
+        with pytest.raises(RuntimeError, match="boom"):
+            next(gen)
+
+
+def test_the_callers_time_between_rounds_is_not_the_targets():
+    # the fake's calls cost microseconds; the caller spends 10 ms on each of 5 rounds
+    target, _ = _greedy_setup()
+    ahead = _ahead(target)
+    prefill(ahead, PROMPT)
+    stats = Stats()
+    gen = rounds(ahead, make_drafter("lookup"), PROMPT, GREEDY, make_rng(0), 4, stats)
+    for _ in range(5):
+        next(gen)
+        time.sleep(0.010)
+    gen.close()
+    assert stats.time_target + stats.time_drafting + stats.time_sampling < 0.020

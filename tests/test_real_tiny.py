@@ -313,6 +313,90 @@ def test_an_interrupt_in_a_one_call_decode_forgets_the_cache(tiny_engine, monkey
     assert be.decode_argmax(ctx[-1:], 1) == expected
 
 
+def test_a_started_decode_finishes_to_what_decode_gives(tiny_engine, monkeypatch):
+    """start_decode + finish_decode, as the loop runs them on a GPU, against decode and
+    decode_argmax of the same calls, bit for bit: launched (one llama_decode call: picks, or
+    rows with the batch-dependent kernels), or computed at once where one call cannot take
+    them (the CPU's exact pieces). In between, the record of the cache holds the tokens, and
+    any other call waits for the device first. An interrupt just after the launch forgets
+    the cache, as a one-call decode does."""
+    import llama_cpp
+
+    path = tiny_engine.target.path
+    fast = LlamaBackend(ModelOptions(path=path, n_ctx=256, n_threads=2, batch_consistent=False))
+    try:
+        for be in (tiny_engine.target, fast):
+            ctx = be.tokenize(STORY)
+            for n, picks in ((1, True), (3, True), (7, True), (1, False), (5, False)):
+                _cache(be, ctx[:-n])
+                want = be.decode_argmax(ctx[-n:], n) if picks else be.decode(ctx[-n:], n).copy()
+                _cache(be, ctx[:-n])
+                be.start_decode(ctx[-n:], n, picks=picks)
+                launched = be._launched is not None
+                assert launched == (picks and n <= be._picks_per_call or not picks and be is fast)
+                assert be.tokens == ctx and be._in_flight == launched
+                got = be.finish_decode()
+                assert not be._in_flight
+                if picks:
+                    assert got == want
+                else:
+                    assert np.array_equal(got, want)
+            _cache(be, ctx[:-2])
+            be.start_decode(ctx[-2:], 2, picks=True)
+            assert be.sync(ctx[:-1]) == len(ctx) - 1 and not be._in_flight  # waited, then cut
+        be = fast
+        ctx = be.tokenize(STORY)
+        real = llama_cpp.llama_decode
+
+        def interrupted(c, batch):
+            real(c, batch)
+            raise KeyboardInterrupt
+
+        _cache(be, ctx[:-1])
+        monkeypatch.setattr(llama_cpp, "llama_decode", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            be.start_decode(ctx[-1:], 1, picks=True)
+        monkeypatch.setattr(llama_cpp, "llama_decode", real)
+        assert be.tokens == [] and not be._in_flight
+        with pytest.raises(RuntimeError):
+            be.finish_decode()
+    finally:
+        fast.close()
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup", "model"])
+def test_rounds_launched_ahead_on_a_real_model_give_the_same_tokens(tiny_engine, monkeypatch,
+                                                                    drafter):
+    """The target made asynchronous (as on a GPU; here its decode is synchronous, so only the
+    order changes): the same tokens, greedy and sampled, and a stream closed while a round is
+    in flight leaves the engine ready for the next one."""
+    played = []
+
+    def run(**kw):
+        out = tiny_engine.complete(STORY, max_tokens=60, chat=False, drafter=drafter,
+                                   draft_length=3, **kw)
+        played.append(out.stats.rounds)
+        return [t.id for t in out.tokens]
+
+    cases = (dict(sampling=GREEDY), dict(sampling=SamplingParams(temperature=0.8, seed=5)),
+             dict(sampling=GREEDY, stop="the"))
+    want = [run(**kw) for kw in cases]
+    monkeypatch.setattr(tiny_engine.target, "asynchronous", True)
+    started = []
+    real_start = tiny_engine.target.start_decode
+    monkeypatch.setattr(tiny_engine.target, "start_decode",
+                        lambda *a, **k: started.append(1) or real_start(*a, **k))
+    del played[:]
+    assert [run(**kw) for kw in cases] == want
+    assert len(started) >= sum(played)  # every round's call was started (and some not read)
+    gen = tiny_engine.stream(STORY, max_tokens=60, chat=False, drafter=drafter, sampling=GREEDY)
+    next(gen)
+    assert tiny_engine.target._launched is not None or tiny_engine.target._ready is not None
+    gen.close()
+    assert not tiny_engine.target._in_flight
+    assert run(sampling=GREEDY) == want[0]
+
+
 def test_backend_picks_without_backend_sampling_are_numpys(tiny_engine):
     path = tiny_engine.target.path
     be = LlamaBackend(ModelOptions(path=path, n_ctx=256, n_threads=2, backend_sampling=False))
