@@ -84,9 +84,11 @@ print('LOADED numpy-first engine')"
 section "1b host time per token outside llama.cpp: edgespec's none against a bare loop of the same calls"
 # with .hostbase/edgespec (an older package: see the header) in the tree, that version too, alternating
 HB=""; [ -d .hostbase/edgespec ] && HB="--base .hostbase"
-run 60 host_floor python3 scripts/host_floor.py --model "$T" --ngl -1 -r 5 $HB
+# --in-order: the same engine launching each round after the last is yielded (as before rounds
+# were launched ahead): the wall time's excess over the bare loop says what launching ahead saves
+run 60 host_floor python3 scripts/host_floor.py --model "$T" --ngl -1 -r 5 --in-order $HB
 # auto as a GPU plays it: the draft model loaded (it may pay there, so a plain step rates it)
-run 60 host_floor_auto python3 scripts/host_floor.py --model "$T" --draft "$D" --drafter auto --ngl -1 -r 5 $HB
+run 60 host_floor_auto python3 scripts/host_floor.py --model "$T" --draft "$D" --drafter auto --ngl -1 -r 5 --in-order $HB
 
 section "2 bench, greedy: every drafter, the references, llama.cpp's anchors (issue 11)"
 TAIL=70 run 240 bench_greedy $ES bench $GPU -r 2 $ANCH --json "$R/bench_greedy.json" --plot "$R/bench_greedy.png"
