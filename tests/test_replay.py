@@ -187,3 +187,23 @@ def test_a_measured_device_costs_its_curve_and_its_penalty_after_a_change_of_wid
     gpu = replay.measured_device({1: 2e-3, 4: 3e-3}, 1e-3)
     assert [gpu.call(1) for _ in range(3)] == pytest.approx([3e-3, 3e-3, 2e-3])
     assert gpu.call(4) == pytest.approx(4e-3)
+
+
+def test_a_call_launched_ahead_runs_while_the_host_works():
+    """A round's call launched before the host works on (as the loop does on a GPU): the
+    virtual clock waits only for what is left of its modelled time when the result is read."""
+    clock = replay.Clock()
+    real = _ArgmaxLM(Table(8, seed=1), n_ctx=128)
+    target = replay.Replayed("target", real, replay.Memo(Path("/nonexistent/memo.pkl")),
+                             replay.Device(lambda w: 10e-3, lambda w: 0.0), clock)
+    target.decode([1, 2, 3], 0)
+    for host, took in ((0.004, 0.010), (0.015, 0.015)):  # the call's 10 ms, or the host's
+        start = clock()
+        target.start_decode([4], 1, picks=True)
+        time.sleep(host)
+        assert len(target.finish_decode()) == 1
+        assert took <= clock() - start < took + 3e-3
+    start = clock()  # in order: the call, then the host's work
+    target.decode_argmax([5], 1)
+    time.sleep(0.004)
+    assert 0.014 <= clock() - start < 0.014 + 3e-3

@@ -24,8 +24,13 @@ Prints tok/s and x none per prompt and overall, like ``bench``; ``--json`` keeps
 This is a model, not a measurement: check it against a lease's ``bench`` (run it with
 ``--tree`` on the commit that lease measured) before trusting what it says of new code.
 
+The loop launches each round's call before it yields the last round, as on a GPU: the call's
+modelled time runs while the host works, and only what is left counts when the result is read
+(``--in-order``: launched after the yield, as on a CPU).
+
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
+       [--in-order]
        [--prompt-file FILE] [--prompts ID,...] [--machine BENCH_JSON] [--ceiling]
        [--json FILE]
 """
@@ -183,6 +188,10 @@ class Replayed:
     are not computed (-1)."""
 
     graph_shapes = True  # a local GPU: single-token catch-ups for the draft (new code)
+    #: a GPU's decode is asynchronous: the loop launches a round's call (start_decode) before
+    #: it yields the last round, and the call's device time runs while the host works on,
+    #: until finish_decode asks for it (``--in-order``: False, as the CPU has it)
+    asynchronous = True
 
     def __init__(self, name: str, real, memo: Memo, device: Device, clock: Clock) -> None:
         self.name, self.real, self.memo, self.device, self.clock = name, real, memo, device, clock
@@ -240,6 +249,20 @@ class Replayed:
         self.clock.excluded += time.perf_counter() - t0
         self.clock.device += seconds
         return out
+
+    def start_decode(self, tokens, n_logits: int, *, picks: bool = False) -> None:
+        if not picks:
+            raise NotImplementedError("the replay is greedy only: picks")
+        device = self.clock.device
+        self._result = self.decode_argmax(tokens, n_logits)
+        self._running = self.clock.device - device  # the call's device time, yet to run ...
+        self.clock.device = device
+        self._launched = self.clock()
+
+    def finish_decode(self):
+        # ... while the host works: what is left of it when the result is asked for
+        self.clock.device += max(0.0, self._running - (self.clock() - self._launched))
+        return self._result
 
 
 def lookup_ceiling(prompt: list[int], answer: list[int], lookup, device: Device,
@@ -310,6 +333,9 @@ def main() -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="also the lookup ceiling: perfect-foresight lookup on the same "
                     "answers and device model (needs drafter none)")
+    ap.add_argument("--in-order", action="store_true",
+                    help="launch each round after the last is yielded, as on a CPU (default: "
+                    "ahead, as on a GPU)")
     ap.add_argument("--json")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(args.tree).resolve() if args.tree else HERE))
@@ -349,6 +375,7 @@ def main() -> None:
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
     target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
+    target.asynchronous = draft.asynchronous = not args.in_order and bool(penalty)
     target.device.capture_cost = args.capture_ms * 1e-3
     if args.jitter or args.drift:
         noise_rng = np.random.default_rng(args.seed)
@@ -382,8 +409,9 @@ def main() -> None:
                 dev0 = clock.device
                 before = {m.name: m.device.counts() for m in (target, draft)}
                 generated, n_rounds, by_source = 0, 0, {}
-                for rnd in loop_module.rounds(target, drafter, tokens,
-                                              params, make_rng(0), k, stats, limit):
+                played = loop_module.rounds(target, drafter, tokens, params, make_rng(0), k,
+                                            stats, limit)
+                for rnd in played:
                     n_rounds += 1
                     by_source[rnd.drafter] = by_source.get(rnd.drafter, 0) + 1
                     done = False
@@ -398,6 +426,7 @@ def main() -> None:
                     if done:
                         break
                 seconds = clock() - start
+                played.close()  # (a round launched ahead and not taken: waited for after)
                 runs.setdefault((prompt.id, name), []).append({
                     "tokens": generated, "seconds": seconds, "rounds": n_rounds,
                     "device_s": clock.device - dev0, "by_source": by_source,
