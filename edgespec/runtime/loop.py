@@ -166,10 +166,8 @@ def rounds(
             t_target += t3 - t2
 
             new = tokens[:accepted] + [token]
-            sources = [draft_source] * accepted + [source]
             committed.extend(new)
             emitted += len(new)
-            name = draft.source if draft and tokens else "none"
             if observe is not None:
                 observe(Outcome(draft, len(tokens), accepted, new, t_draft, t_target))
             failure = None
@@ -180,6 +178,9 @@ def rounds(
                     pending = plan()
                 except Exception as err:  # raised once this round is delivered
                     failure = err
+            # (from here on, on an asynchronous target, the device computes the next round)
+            name = draft.source if draft and tokens else "none"
+            sources = [draft_source] * accepted + [source]
             stats.record_round(name, len(tokens), accepted)
             stats.time_drafting += t_draft
             stats.time_target += t_target
