@@ -324,8 +324,9 @@ def test_a_started_decode_finishes_to_what_decode_gives(tiny_engine, monkeypatch
 
     path = tiny_engine.target.path
     fast = LlamaBackend(ModelOptions(path=path, n_ctx=256, n_threads=2, batch_consistent=False))
+    wide = LlamaBackend(ModelOptions(path=path, n_ctx=256, n_threads=2, fixed_width=8))
     try:
-        for be in (tiny_engine.target, fast):
+        for be in (tiny_engine.target, fast, wide):
             ctx = be.tokenize(STORY)
             for n, picks in ((1, True), (3, True), (7, True), (1, False), (5, False)):
                 _cache(be, ctx[:-n])
@@ -333,7 +334,8 @@ def test_a_started_decode_finishes_to_what_decode_gives(tiny_engine, monkeypatch
                 _cache(be, ctx[:-n])
                 be.start_decode(ctx[-n:], n, picks=picks)
                 launched = be._launched is not None
-                assert launched == (picks and n <= be._picks_per_call or not picks and be is fast)
+                # the exact pieces launch what one call takes (picks of up to 3); the others all
+                assert launched == (be is not tiny_engine.target or picks and n <= 3)
                 assert be.tokens == ctx and be._in_flight == launched
                 got = be.finish_decode()
                 assert not be._in_flight
@@ -344,6 +346,14 @@ def test_a_started_decode_finishes_to_what_decode_gives(tiny_engine, monkeypatch
             _cache(be, ctx[:-2])
             be.start_decode(ctx[-2:], 2, picks=True)
             assert be.sync(ctx[:-1]) == len(ctx) - 1 and not be._in_flight  # waited, then cut
+            # the next call sees the started one's tokens and nothing else (no pads)
+            _cache(be, ctx[:-2])
+            be.start_decode(ctx[-2:], 2)
+            be.finish_decode()
+            after = be.decode(ctx[:1], 1).copy()
+            be.reset()
+            _cache(be, ctx)
+            assert np.array_equal(be.decode(ctx[:1], 1), after)
         be = fast
         ctx = be.tokenize(STORY)
         real = llama_cpp.llama_decode
@@ -362,6 +372,7 @@ def test_a_started_decode_finishes_to_what_decode_gives(tiny_engine, monkeypatch
             be.finish_decode()
     finally:
         fast.close()
+        wide.close()
 
 
 @pytest.mark.parametrize("drafter", ["none", "lookup", "model"])
@@ -395,6 +406,34 @@ def test_rounds_launched_ahead_on_a_real_model_give_the_same_tokens(tiny_engine,
     gen.close()
     assert not tiny_engine.target._in_flight
     assert run(sampling=GREEDY) == want[0]
+
+
+def test_rounds_launched_ahead_at_a_fixed_width_give_the_same_tokens(tiny_engine):
+    """The exact mode's padded calls launched ahead (pads out of the cache's cells while the
+    call runs): the same tokens as in order, greedy and sampled, with lookup drafts."""
+    be = LlamaBackend(ModelOptions(path=tiny_engine.target.path, n_ctx=512, n_threads=2,
+                                   fixed_width=8))
+    engine = Engine(be, drafter="lookup")
+    try:
+        def run(params):
+            out = engine.complete(STORY, max_tokens=60, chat=False, sampling=params)
+            return [t.id for t in out.tokens]
+
+        cases = (GREEDY, SamplingParams(temperature=0.8, seed=5))
+        want = [run(p) for p in cases]
+        be.asynchronous = True
+        launched = []
+        real_start = be.start_decode
+
+        def start(*a, **k):
+            real_start(*a, **k)
+            launched.append(be._launched is not None)
+
+        be.start_decode = start
+        assert [run(p) for p in cases] == want
+        assert len(launched) > 40 and all(launched)
+    finally:
+        engine.close()
 
 
 def test_backend_picks_without_backend_sampling_are_numpys(tiny_engine):

@@ -415,8 +415,9 @@ class LlamaBackend:
         #: On the CPU the decode is the computation, and starting early gains nothing.
         self.asynchronous: bool = on_gpu or bool(options.rpc)
         self._in_flight = False  #: a launched llama_decode not yet waited for
-        #: what :meth:`finish_decode` reads: ``(picks, rows)`` of the launched call, or None
-        self._launched: tuple[bool, int] | None = None
+        #: what :meth:`finish_decode` reads: ``(picks, rows read, rows out)`` of the launched
+        #: call (a fixed width's pads are outputs too), or None
+        self._launched: tuple[bool, int, int] | None = None
         self._ready = None  #: a result :meth:`start_decode` computed at once
         self.path = path
         # llama.cpp's backend sampling: a one-sampler chain attached to sequence 0 while its
@@ -596,43 +597,54 @@ class LlamaBackend:
         gives the result. The record of the cache holds ``tokens`` at once, so a decode whose
         result is never read is cut off by the next ``sync``. Any other call on this backend
         waits for the device first (and a decode in between takes the place of this one's
-        result: finish first). Otherwise the result is computed here, and kept for
-        :meth:`finish_decode`."""
+        result: finish first). Otherwise (the CPU's exact pieces, more tokens than one call
+        takes, no backend sampler for picks) the result is computed here, and kept for
+        :meth:`finish_decode`. At a fixed width the call is padded as :meth:`decode` pads it,
+        and the pads leave the cache's cells at once (llama.cpp's bookkeeping, not the
+        device's: the launched graph is not touched)."""
         if self._in_flight:
             self._settle()
         n = len(tokens)
+        width = self.fixed_width
         self._launched = self._ready = None
         if picks:
             if n_logits and self.backend_argmax and self._attached != "argmax":
                 self._attach("argmax")
             if n_logits == n and self._argmax_on and n <= self._picks_per_call:
                 self._decode_picks(tokens, n, wait=False)
-                self._launched = (True, n)
-            else:
-                self._ready = self.decode_argmax(tokens, n_logits)
+                self._launched = (True, n, n)
+                return
+            launchable = n_logits == n and self._argmax_on and 0 < n <= width
+        else:
+            launchable = (0 < n_logits <= n and not self._pieces and
+                          (0 < n <= width and n_logits == n if width else n <= self._n_batch))
+            if launchable and self._attached is not None:
+                self._attach(None)
+        if not launchable:
+            self._ready = self.decode_argmax(tokens, n_logits) if picks else self.decode(tokens, n_logits)
             return
-        if not 0 < n_logits <= n or self._pieces or self.fixed_width or n > self._n_batch:
-            self._ready = self.decode(tokens, n_logits)
-            return
-        if self._attached is not None:
-            self._attach(None)
         start = len(self.tokens)
         if start + n > self.n_ctx:
             raise ContextOverflowError(
                 f"{start + n} tokens do not fit in the context of {self.n_ctx}")
+        calls = width or n  # (pads: copies of the last token at the next positions, all read)
         self._b_token[:n] = tokens
-        self._b_pos[:n] = self._positions[start:start + n]
+        self._b_token[n:calls] = self._b_token[n - 1]
+        self._b_pos[:calls] = self._positions[start:start + calls]
         self._outputs_flagged = 0
         self._b_logits[:n - n_logits] = 0
-        self._b_logits[n - n_logits:n] = 1
-        self._batch.n_tokens = n
+        self._b_logits[n - n_logits:calls] = 1  # (at a fixed width every row is an output)
+        self._batch.n_tokens = calls
         try:
             self._launch()
+            if calls > n and not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, start + n, -1):
+                raise ModelError("this model's cache cannot drop tokens (a recurrent model?): "
+                                 "it cannot run at a fixed width")
             self.tokens += tokens
         except BaseException:
             self.reset()  # (as in _decode_picks)
             raise
-        self._launched = (False, n_logits)
+        self._launched = (picks, n_logits, calls if width else n_logits)
 
     def finish_decode(self) -> list[int] | np.ndarray:
         """The result of the decode :meth:`start_decode` began, waited for: a list of picks, or
@@ -646,10 +658,11 @@ class LlamaBackend:
         self._launched = None
         if self._in_flight:
             self._settle()
-        picks, rows = launched
+        picks, rows, outputs = launched
         if picks:
             return self._sampled_ids(rows)
-        return self._logits_view(rows)
+        view = self._logits_view(outputs)
+        return view if outputs == rows else view[:rows]
 
     @property
     def _argmax_on(self) -> bool:
