@@ -7,7 +7,6 @@ provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the st
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
