@@ -627,19 +627,11 @@ class LlamaBackend:
         if start + n > self.n_ctx:
             raise ContextOverflowError(
                 f"{start + n} tokens do not fit in the context of {self.n_ctx}")
-        calls = width or n  # (pads: copies of the last token at the next positions, all read)
-        self._b_token[:n] = tokens
-        self._b_token[n:calls] = self._b_token[n - 1]
-        self._b_pos[:calls] = self._positions[start:start + calls]
-        self._outputs_flagged = 0
-        self._b_logits[:n - n_logits] = 0
-        self._b_logits[n - n_logits:calls] = 1  # (at a fixed width every row is an output)
-        self._batch.n_tokens = calls
+        calls = self._fill(tokens, start, n - n_logits, bool(width))
         try:
             self._launch()
-            if calls > n and not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, start + n, -1):
-                raise ModelError("this model's cache cannot drop tokens (a recurrent model?): "
-                                 "it cannot run at a fixed width")
+            if calls > n:
+                self._drop_pads(start + n)  # (while the call runs: the cells' bookkeeping only)
             self.tokens += tokens
         except BaseException:
             self.reset()  # (as in _decode_picks)
@@ -729,25 +721,11 @@ class LlamaBackend:
                 m = c1 - c0
                 reads = c1 > first_logit
                 skip = max(0, first_logit - c0)  # leading rows of this call whose logits are not read
-                self._b_token[:m] = tokens[c0:c1]
-                wanted = self._b_logits[:m]
-                self._outputs_flagged = 0
-                wanted[:] = 0
-                if reads:
-                    wanted[skip:] = 1
-                n = m
                 padded = reads and width
-                if padded:
-                    # pads: copies of the last token at the next positions; every row an output
-                    n = width
-                    self._b_token[m:n] = self._b_token[m - 1]
-                    self._b_logits[:n] = 1
-                self._b_pos[:n] = self._positions[start + c0:start + c0 + n]
-                self._batch.n_tokens = n
+                n = self._fill(tokens[c0:c1], start + c0, skip if reads else m, bool(padded))
                 self._call()
-                if n > m and not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, start + c1, -1):
-                    raise ModelError("this model's cache cannot drop tokens (a recurrent model?): "
-                                     "it cannot run at a fixed width")
+                if n > m:
+                    self._drop_pads(start + c1)
                 self.tokens.extend(tokens[c0:c1])
                 if reads:
                     lo = max(c0, first_logit) - first_logit
@@ -793,29 +771,44 @@ class LlamaBackend:
             ids[lo + j] = np.ctypeslib.as_array(got_ids, shape=(width,))
             logits[lo + j] = np.ctypeslib.as_array(got_logits, shape=(width,))
 
+    def _fill(self, tokens: Sequence[int], pos: int, read_from: int, pad: bool) -> int:
+        """Fill the batch for one llama_decode: ``tokens`` at positions from ``pos``, the rows
+        from ``read_from`` on flagged as outputs; with ``pad``, copies of the last token at
+        the next positions up to the fixed width, every row an output. Return the call's
+        width."""
+        m = len(tokens)
+        flags = self._b_logits
+        self._b_token[:m] = tokens
+        self._outputs_flagged = 0
+        n = m
+        if pad:
+            n = self.fixed_width
+            self._b_token[m:n] = self._b_token[m - 1]
+            flags[:n] = 1
+        else:
+            flags[:read_from] = 0
+            flags[read_from:m] = 1
+        self._b_pos[:n] = self._positions[pos:pos + n]
+        self._batch.n_tokens = n
+        return n
+
+    def _drop_pads(self, end: int) -> None:
+        """Take a padded call's pads (the positions from ``end`` on) out of the cache."""
+        if not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, end, -1):
+            raise ModelError("this model's cache cannot drop tokens (a recurrent model?): "
+                             "it cannot run at a fixed width")
+
     def _call(self) -> None:
         """One llama_decode of the batch as filled, waited for: a GPU decode is asynchronous,
-        and its time must count as llama.cpp's (not as whoever first touches the outputs). The
-        RPC watchdog is armed around it."""
-        ctx = self._ctx.ctx
-        watchdog = self._watchdog
-        t0 = time.perf_counter()
-        if watchdog is not None:
-            watchdog.deadline = t0 + watchdog.timeout
-        try:
-            rc = llama_cpp.llama_decode(ctx, self._batch)
-            llama_cpp.llama_synchronize(ctx)
-        finally:
-            if watchdog is not None:
-                watchdog.deadline = None
-        self.decode_seconds += time.perf_counter() - t0
-        if rc != 0:
-            raise ModelError(f"llama_decode failed with code {rc}")
+        and its time must count as llama.cpp's (not as whoever first touches the outputs)."""
+        self._launch()
+        self._settle()
 
     def _launch(self) -> None:
         """One llama_decode of the batch as filled, not waited for (:meth:`_settle` does):
         llama.cpp builds the graph and queues it on the device, and returns. Each half counts
-        as llama.cpp's time; the caller's work between them counts as nobody's."""
+        as llama.cpp's time; the caller's work between them counts as nobody's. The RPC
+        watchdog is armed while each half runs."""
         ctx = self._ctx.ctx
         watchdog = self._watchdog
         t0 = time.perf_counter()
