@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from edgespec.core.lookup import LookupMatch, NgramIndex, find_continuation
 from edgespec.core.sampling import SamplingParams, make_rng
 from edgespec.errors import ConfigError
-from edgespec.runtime.drafters import LookupDrafter
+from edgespec.runtime.drafters import RESUME_SKIP, RESUME_WITHIN, LookupDrafter
 
 
 def find(tokens, max_ngram=4, min_ngram=1, max_tokens=8):
@@ -131,14 +131,98 @@ def test_lookup_drafter_leaves_a_copy_the_text_left():
     assert d.propose(context, 4, params, rng).tokens == [8, 0, 1, 2]
 
 
+SOURCE = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # the prompt's line the answer copies (ids unique)
+
+
+def _copy_then(drafter, committed):
+    """Rounds of the loop on SOURCE + [0] + [1, 2]: lookup proposes the copy (k = 2), each
+    round commits ``committed``'s next tokens (the verdict); returns the proposals made."""
+    params, rng = SamplingParams(), make_rng(0)
+    context = SOURCE + [0, 1, 2]
+    proposals = []
+    for new in committed:
+        proposals.append(drafter.propose(context, 2, params, rng))
+        context += new
+    proposals.append(drafter.propose(context, 4, params, rng))
+    return proposals
+
+
+def test_lookup_resumes_a_copy_after_an_insertion():
+    """Adding ": int" after a parameter: the copy breaks where the insertion starts, and the
+    token after it that the copy has next (here 5) takes the copy up again at once, with
+    ngram 1; the n-gram index alone would wait for two copied tokens."""
+    d = LookupDrafter(max_ngram=3, min_ngram=2)
+    # round 1 copies [3, 4] and the bonus 5; round 2 goes on with the copy ([6, 7]) and is
+    # refuted at once by 50 (inserted), then 51 (inserted), then 6: the copy's next token
+    drafts = _copy_then(d, [[3, 4, 5], [50], [51], [6]])
+    assert [p.tokens for p in drafts[:4]] == [[3, 4], [6, 7], [], []]
+    assert (drafts[4].tokens, drafts[4].ngram) == ([7, 8, 9, 0], 1)
+    assert find_continuation(SOURCE + [0, 1, 2, 3, 4, 5, 50, 51, 6], max_ngram=3, min_ngram=2,
+                             max_tokens=4) is None  # what the index alone finds: nothing
+
+
+def test_a_resumed_copy_that_is_followed_breaks_afresh():
+    """The resumed copy is followed for a round, then left at its first token (70): that is
+    the new break, and the text coming back to it (0) resumes there. (Had the first break
+    been kept, the text would be 7 tokens past it: no resume.)"""
+    d = LookupDrafter(max_ngram=3, min_ngram=2)
+    drafts = _copy_then(d, [[3, 4, 5], [50], [6], [7, 8, 9], [70], [0]])
+    assert [p.tokens for p in drafts[:6]] == [[3, 4], [6, 7], [], [7, 8], [0, 1], []]
+    assert drafts[3].ngram == 1 and drafts[4].ngram >= 2  # resumed, then followed
+    assert (drafts[6].tokens, drafts[6].ngram) == ([1, 2, 3, 4], 1)
+
+
+def test_lookup_resumes_past_replaced_or_dropped_tokens():
+    """A renamed token (6 -> 60) or a dropped one (6 missing): the text comes back to the
+    copy up to RESUME_SKIP tokens past where it broke."""
+    assert RESUME_SKIP >= 1
+    renamed = _copy_then(LookupDrafter(max_ngram=3, min_ngram=2), [[3, 4, 5], [60], [7]])
+    assert (renamed[-1].tokens, renamed[-1].ngram) == ([8, 9, 0, 1], 1)
+    dropped = _copy_then(LookupDrafter(max_ngram=3, min_ngram=2), [[3, 4, 5], [7]])
+    assert dropped[-1].tokens == [8, 9, 0, 1]
+    past = 6 + RESUME_SKIP + 1  # (the copy's next token is 6; RESUME_SKIP more; one too far)
+    assert _copy_then(LookupDrafter(max_ngram=3, min_ngram=2),
+                      [[3, 4, 5], [past]])[-1].tokens == []
+
+
+def test_lookup_resumes_only_near_the_break():
+    """An insertion of RESUME_WITHIN tokens or more (the text has gone elsewhere): no resume."""
+    inserted = [[50 + i] for i in range(RESUME_WITHIN - 1)]
+    near = _copy_then(LookupDrafter(max_ngram=3, min_ngram=2), [[3, 4, 5], *inserted, [6]])
+    assert near[-1].tokens == [7, 8, 9, 0]
+    far = _copy_then(LookupDrafter(max_ngram=3, min_ngram=2), [[3, 4, 5], *inserted, [59], [6]])
+    assert far[-1].tokens == []
+
+
+def test_a_fresh_match_refuted_at_once_leaves_the_break():
+    """After the break the index finds another match (the earlier line 50 51 52 53), which is
+    refuted at its first token: that was never a copy of the text, so the copy that broke is
+    still the one to resume (a guard that, if moved, would resume from 52 and propose []).
+    In another list there is no break to resume."""
+    d = LookupDrafter(max_ngram=3, min_ngram=2)
+    params, rng = SamplingParams(), make_rng(0)
+    context = [50, 51, 52, 53] + SOURCE + [0, 1, 2]
+    assert d.propose(context, 2, params, rng).tokens == [3, 4]
+    context += [3, 4, 5]
+    assert d.propose(context, 2, params, rng).tokens == [6, 7]
+    context += [50]
+    assert d.propose(context, 2, params, rng).tokens == []
+    context += [51]
+    assert d.propose(context, 2, params, rng).tokens == [52, 53]  # the index's match
+    context += [6]  # refuted at once: the text came back to the copy
+    assert d.propose(context, 4, params, rng).tokens == [7, 8, 9, 0]
+    assert d.propose(list(context), 4, params, rng).tokens == []
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=4, max_size=40), st.integers(1, 3),
        st.integers(0, 3), st.lists(st.tuples(st.booleans(), st.integers(1, 5)), max_size=25))
 def test_every_lookup_proposal_is_a_real_match(prompt, min_ngram, extra, steps):
     """Grown round by round, the text following the proposal or not: every proposal the
     drafter makes is the continuation of an earlier occurrence of the text's last ``ngram``
-    tokens, min_ngram <= ngram <= max_ngram, and it proposes something exactly where the
-    reference finds a match (following a copy changes which match, never whether)."""
+    tokens, and it proposes something wherever the reference finds a match (following a copy
+    changes which match, never whether), with min_ngram <= ngram <= max_ngram. Where the
+    reference finds none, a proposal can only be a resumed copy: ngram 1."""
     max_ngram = min_ngram + extra
     d = LookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
     params, rng = SamplingParams(), make_rng(0)
@@ -147,10 +231,11 @@ def test_every_lookup_proposal_is_a_real_match(prompt, min_ngram, extra, steps):
         draft = d.propose(context, 6, params, rng)
         ref = find_continuation(context, max_ngram=max_ngram, min_ngram=min_ngram,
                                 max_tokens=6)
-        assert bool(draft.tokens) == (ref is not None)
+        if ref is not None:
+            assert draft.tokens
         if draft.tokens:
             n, k, end = draft.ngram, len(draft.tokens), len(context)
-            assert min_ngram <= n <= max_ngram
+            assert min_ngram <= n <= max_ngram if ref is not None else n == 1
             assert any(context[s - n:s] == context[end - n:] and context[s:s + k] == draft.tokens
                        for s in range(n, end))
         new = draft.tokens[:n_new] if follow and draft.tokens else [(len(context) * 7) % 5]
