@@ -98,7 +98,7 @@ class NoDrafter:
 #: (``scripts/gpu/replay.py --drafters none,lookup``, 14 prompts) skips of 0, 1, 2 and 3 gave
 #: lookup 0.98x, 1.00x, 1.00x and 1.00x of plain decoding on the bench's prompts (0.975x
 #: without resuming); a window of 2 to 6 tokens 1.00x there and 1.19-1.21x on the held-out
-#: ones (1.18x without); with no window, resumes far from the break cost 1-2% on each set.
+#: ones (1.18x without); with no window, resumes far from the break cost 2-3% on each set.
 RESUME_SKIP = 2
 RESUME_WITHIN = 4
 
