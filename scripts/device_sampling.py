@@ -81,11 +81,13 @@ def main() -> None:
     seen = collections.Counter(picks(backend, prompt[:-1], prompt[-1:])[0]
                                for _ in range(args.calls))
     print(f"1. {args.calls} calls, no accept: {len(seen)} distinct token(s) {seen.most_common(3)}")
+    accepted = collections.Counter()
     for _ in range(args.calls):
         token = picks(backend, prompt[:-1], prompt[-1:])[0]
-        seen[token] += 1
+        accepted[token] += 1
         llama_cpp.llama_sampler_accept(chain, token)
-    print(f"   then {args.calls} calls, each accepted: {len(seen)} distinct tokens")
+    print(f"   then {args.calls} calls, each accepted: {len(accepted)} distinct token(s) "
+          f"{accepted.most_common(3)}")
 
     chain = attach(backend, args.temperature, args.seed)
     text = list(prompt)
