@@ -26,7 +26,7 @@ It is a probe for building the device path, not part of edgespec: it drives the 
 internals (``_attach``, ``_decode``).
 
 Usage: python scripts/device_sampling.py [--model GGUF] [-n 24] [--drafts 2] [--seed 42]
-       [--temperature 1.2] [--calls 40]
+       [--temperature 1.2] [--calls 40] [--ngl 0]
 """
 from __future__ import annotations
 
@@ -71,8 +71,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--temperature", type=float, default=1.2)
     ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--ngl", type=int, default=0, help="layers offloaded to a GPU (-1: all)")
     args = ap.parse_args()
-    backend = Engine.load(target=args.model, draft=None, progress=False).target
+    backend = Engine.load(target=args.model, draft=None, progress=False,
+                          n_gpu_layers=args.ngl).target
     prompt = backend.tokenize(PROMPT)
 
     chain = attach(backend, args.temperature, args.seed)

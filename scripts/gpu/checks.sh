@@ -19,8 +19,9 @@
 # on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s).
 #
 # For section 1b's before/after of the host path (host_floor.py --base): before the runs, `mkdir
-# .hostbase && git archive 60fb22c edgespec | tar -x -C .hostbase` (untracked, so it travels
-# with the tree; 60fb22c is the code before the lean host path).
+# .hostbase && git archive 60fb22c edgespec | tar -x -C .hostbase` (untracked,
+# beside the tree; 60fb22c is the code before the lean host path). Ignore it (.git/info/exclude)
+# and carry it in run 26 alone: a piece with a 1.9 MB tree leaves 185 KB of the 64 MiB.
 # After the lease, on the CPU: `python scripts/gpu/replay.py --tree DIR` (DIR: a checkout of the
 # commit the lease ran) replays the same prompts on the virtual H100 (add `--prompt-file
 # scripts/gpu/heldout.jsonl` for section 2b's). Set its figures against bench_greedy.txt's
@@ -113,5 +114,11 @@ TAIL=20 run 120 verify_greedy_batchdep $ES verify $GPU --temperature 0
 
 section "7 host work of the loop on this machine's CPU (synthetic model)"
 TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
+
+section "8 sampled rounds sampled on the device: llama.cpp's dist sampler coupled draw for draw on CUDA"
+# scripts/device_sampling.py (a probe): are rounds of 2 and of 4 one-hot drafts (one llama_decode
+# call each on a GPU) the same tokens as plain device-sampled decoding for the same seed?
+run 40 device_sampling_d2 python3 scripts/device_sampling.py --model "$T" --ngl -1 -n 48 --drafts 2
+run 40 device_sampling_d4 python3 scripts/device_sampling.py --model "$T" --ngl -1 -n 48 --drafts 4
 
 section "done"; pack
