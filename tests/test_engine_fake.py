@@ -570,6 +570,55 @@ def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_
         assert steady_calls == [] and curve.switch_penalty == 0.0
 
 
+def _widths_read(lm, skip=0):
+    return [len(c.tokens) for c in lm.calls[skip:] if c.n_logits]
+
+
+def test_on_a_gpu_calibration_first_runs_every_width_auto_may_call_once():
+    """On a GPU the first call of a width in a process is dear (~45 ms more on the H200): the
+    calibration runs each width auto may call, 1 .. AUTO_MAX_DRAFT_LENGTH + 1, once on both
+    models before it times anything, and once per engine. On a CPU it runs none of them."""
+    from edgespec import config
+
+    top = config.AUTO_MAX_DRAFT_LENGTH + 1
+    gpu = build(drafter="auto")
+    gpu.target.graph_shapes = gpu.draft.graph_shapes = True
+    gpu.calibrate(force=True)
+    for lm in (gpu.target, gpu.draft):
+        assert _widths_read(lm)[:top] == list(range(1, top + 1))
+    seen = [len(gpu.target.calls), len(gpu.draft.calls)]
+    gpu.calibrate(force=True)  # a second calibration times again, warms nothing again
+    assert 23 not in _widths_read(gpu.target, seen[0]) + _widths_read(gpu.draft, seen[1])
+    cpu = build(drafter="auto")
+    cpu.calibrate(force=True)
+    assert 23 not in _widths_read(cpu.target) + _widths_read(cpu.draft)  # (not a timed point)
+
+
+@pytest.mark.parametrize("drafter, draft_too", [("lookup", False), ("hybrid", True), ("none", False)])
+def test_on_a_gpu_a_fixed_drafters_widths_run_once_before_its_first_answer(drafter, draft_too,
+                                                                          monkeypatch):
+    """A fixed drafter calls widths 1 .. k + 1: on a GPU the engine runs each once before the
+    first answer (the draft model's too where the drafter uses it), never again, and the
+    answers are the same as without it."""
+    from edgespec.runtime import engine as engine_mod
+
+    script = HELLO * 3
+    calls = []
+    real = engine_mod.warm_widths
+    monkeypatch.setattr(engine_mod, "warm_widths",
+                        lambda model, widths: calls.append((model, list(widths))) or real(model, widths))
+    gpu = build(script, drafter=drafter, k=4)
+    gpu.target.graph_shapes = gpu.draft.graph_shapes = True
+    first = complete(gpu, max_tokens=20, sampling=GREEDY)
+    k1 = 1 if drafter == "none" else 5
+    assert calls == [(gpu.target, list(range(1, k1 + 1)))] + (
+        [(gpu.draft, list(range(1, k1 + 1)))] if draft_too else [])
+    second = complete(gpu, max_tokens=20, sampling=GREEDY)
+    assert len(calls) == 1 + draft_too  # once per engine
+    plain = complete(build(script, drafter=drafter, k=4), max_tokens=20, sampling=GREEDY)
+    assert first.tokens == second.tokens == plain.tokens
+
+
 def test_the_draft_cost_auto_learns_carries_over_to_the_next_generation():
     """The draft model's cost per token is the engine's, like the target's curve: what one
     generation's rounds measured (on a GPU, more than the calibration's repeated single calls)

@@ -9,6 +9,7 @@ from edgespec.core.costs import (
     break_even_acceptance,
     expected_tokens,
     measure_target_curve,
+    warm_widths,
 )
 from edgespec.core.policy import PROBE_SLACK, AcceptanceEstimate, CostEstimate, Policy
 from edgespec.core.sampling import SamplingParams, make_rng
@@ -163,6 +164,16 @@ def test_measure_target_curve_on_a_fake_leaves_a_usable_cache():
     curve = measure_target_curve(lm, (1, 16, 4), budget_s=10.0)
     assert set(curve) == {1, 16, 4} and all(v > 0 for v in curve.values())
     assert len(lm.tokens) <= lm.n_ctx
+    lm.sync([])
+    assert lm.tokens == []
+
+
+def test_warm_widths_makes_one_call_of_each_width_that_fits_reading_every_row():
+    lm = FakeLM(Table(50, seed=1), n_ctx=40)
+    assert warm_widths(lm, [3, 1, 3, 2, 41], context=32) == [3, 1, 2]  # 41 cannot fit at all
+    reading = [(len(c.tokens), c.n_logits) for c in lm.calls if c.n_logits]
+    assert reading == [(3, 3), (1, 1), (2, 2)]
+    assert all(c.pos == 32 for c in lm.calls if c.n_logits)  # each after the same context
     lm.sync([])
     assert lm.tokens == []
 

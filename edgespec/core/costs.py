@@ -79,6 +79,22 @@ def measure_target_curve(
     return {n: float(np.median(v)) for n, v in samples.items()}
 
 
+def warm_widths(model: Scorer, widths: Sequence[int], *, context: int = 32) -> list[int]:
+    """One call of each width in ``widths`` (n tokens with n logit rows, as a verification
+    call reads them), after ``context`` cached filler tokens; nothing is timed. Returns the
+    widths called: those that fit the context. Leaves the cache holding filler tokens, as
+    :func:`measure_target_curve` does."""
+    widths = [n for n in dict.fromkeys(widths) if 1 <= n <= model.n_ctx]
+    context = max(0, min(context, model.n_ctx - max(widths, default=1)))
+    prefix = _filler(model, context)
+    for n in widths:
+        model.sync(prefix)
+        if len(model.tokens) < len(prefix):
+            model.decode(list(prefix[len(model.tokens):]), 0)
+        model.decode(_filler(model, n), n)
+    return widths
+
+
 def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int = 32) -> float:
     """Seconds per target call scoring n tokens when the calls before it had the same shape:
     ``calls`` such calls in a row, the median of all but the first.

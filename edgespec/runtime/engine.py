@@ -24,6 +24,7 @@ from ..core.costs import (
     measure_steady,
     measure_target_curve,
     split_switch_penalty,
+    warm_widths,
 )
 from ..core.policy import CostEstimate, Policy
 from ..core.rejection import Source
@@ -236,6 +237,8 @@ class Engine:
             raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
         self.draft_length = validate_draft_length(draft_length)
         self.costs: Costs | None = None
+        #: call widths each model has run once (:meth:`_warm`): (target's, draft's)
+        self._warmed: tuple[set[int], set[int]] = (set(), set())
         #: the draft :meth:`load` picked for the target, and why (``None``: none was picked)
         self.draft_choice = None
         self._lock = threading.Lock()
@@ -404,6 +407,7 @@ class Engine:
         if self.costs is not None and not force:
             return self.costs
         with self._exclusive():
+            self._warm(config.AUTO_MAX_DRAFT_LENGTH + 1, draft=True)
             start = time.perf_counter()
             # at a fixed width every call up to that width costs the same: one price to measure
             width = getattr(self.target, "fixed_width", 0)
@@ -421,6 +425,23 @@ class Engine:
             self.costs = Costs(CostCurve(curve, width=width, switch_penalty=penalty), draft_cost,
                                time.perf_counter() - start)
         return self.costs
+
+    def _warm(self, upto: int, *, draft: bool) -> None:
+        """Run every call width 1 .. ``upto`` once on each model whose calls keep CUDA graphs
+        per width (``graph_shapes``: a GPU), and the draft model's too with ``draft``, unless
+        that width ran before; elsewhere nothing. On a GPU the first call of a width in a
+        process is dear: in the H200 lease of 2026-11-27, an answer's llama.cpp time ran
+        ~40-50 ms over what its calls cost later for each width the calibration had not run
+        (the first bench prompt's `auto` repeats: 2 new widths, +96 ms; 1, +40 ms), which
+        made `auto` 0.88x of `none` on that prompt where its second repeat ran 1.14x. Paid
+        here, once per engine, it is not paid inside an answer or a timed calibration."""
+        for model, warmed, wanted in ((self.target, self._warmed[0], True),
+                                      (self.draft, self._warmed[1], draft)):
+            if not wanted or model is None or not getattr(model, "graph_shapes", False):
+                continue
+            todo = [n for n in range(1, upto + 1) if n not in warmed]
+            if todo:
+                warmed.update(warm_widths(model, todo))
 
     def _policy(self) -> Policy:
         costs = self.costs if self.costs is not None else self.calibrate()
@@ -517,6 +538,8 @@ class Engine:
                 "shorten it or raise --ctx"
             )
         with self._exclusive():
+            if name != "auto":  # (auto's widths, up to its longest draft, warm in calibrate)
+                self._warm(1 if name == "none" else k + 1, draft=name in ("model", "hybrid"))
             yield from self._generate(tokens, drafter_obj, k, sampling, max_tokens, stop)
 
     def complete(self, prompt: Prompt, **kwargs) -> Completion:
