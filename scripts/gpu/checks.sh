@@ -16,7 +16,9 @@
 # one batch of tool calls; run 26: this script with 585 s (timeout_s 600). All pieces were in
 # after 164 s of device time (the build at 114 of 350 steps); this script waited 188 s for the
 # build and then ran every section in 250 s (438 s in all), which left ~290 s for follow-ups
-# on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s).
+# on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s). The next lease
+# (H200, at bc5935e) went the same way: all 25 pieces in after 157 s of device time, the build
+# done 181 s into this script, every section in 489 s (651 s of the 900 in all).
 #
 # For section 1b's before/after of the host path (host_floor.py --base): before the runs, `mkdir
 # .hostbase && git archive 60fb22c edgespec | tar -x -C .hostbase` (untracked,
@@ -81,6 +83,10 @@ from edgespec.runtime.engine import Engine
 print('preload:', edgespec.PRELOAD)
 e = Engine.load('$T', '$D', n_gpu_layers=-1, draft_n_gpu_layers=-1)
 print('LOADED numpy-first engine')"
+
+section "1a the first call of a width in a process, and the engine's warm-up (first_width.py)"
+# the H200 lease of 2026-11-27 pointed at ~45 ms more for each width's first call: measured here
+run 40 first_width python3 scripts/gpu/first_width.py "$T" --ngl -1
 
 section "1b host time per token outside llama.cpp: edgespec's none against a bare loop of the same calls"
 # with .hostbase/edgespec (an older package: see the header) in the tree, that version too, alternating
