@@ -8,7 +8,10 @@ times, on one loaded target, after a 64-token context:
 1. widths never called before in this process: their first call, then three more of the same
    width in a row (the second captures a CUDA graph, the later ones replay it);
 2. ``Engine._warm`` over widths 1 .. 33, as calibration does on a GPU (its wall time);
-3. widths the warm-up ran, called again among other widths: what remains of a first call.
+3. widths the warm-up ran, called again among other widths: what remains of a first call;
+4. the same widths after a longer context (700 and 1,400 cached tokens), first there and
+   then again: whether a first call's cost comes back as the cache grows (kernels chosen by
+   the cache's length too), which a warm-up at one short context would not cover.
 
 Usage: python scripts/gpu/first_width.py TARGET_GGUF [--ngl -1]
 """
@@ -33,10 +36,10 @@ def main() -> None:
     be = engine.target
     prefix = [(300 + i) % be.n_vocab for i in range(64)]
 
-    def call(n: int) -> float:
-        be.sync(prefix)
-        if len(be.tokens) < len(prefix):
-            be.decode(prefix[len(be.tokens):], 0)
+    def call(n: int, context: list[int] = prefix) -> float:
+        be.sync(context)
+        if len(be.tokens) < len(context):
+            be.decode(context[len(be.tokens):], 0)
         batch = [(1000 + i) % be.n_vocab for i in range(n)]
         t0 = time.perf_counter()
         be.decode(batch, n)
@@ -56,6 +59,17 @@ def main() -> None:
     for n in (6, 11, 19, 27, 33):
         call(1)
         print(f"   width {n:2d}: {call(n):7.2f}")
+    for length in (700, 1400):
+        if length + 40 > be.n_ctx:
+            break
+        longer = [(300 + i) % be.n_vocab for i in range(length)]
+        call(1, longer)
+        print(f"\n4. after {length} cached tokens: ms of a width's 1st call there, then its 2nd, "
+              "each after a plain step")
+        for n in (1, 5, 11, 19, 27, 33):
+            first = call(n, longer)
+            call(1, longer)
+            print(f"   width {n:2d}: {first:7.2f}  {call(n, longer):7.2f}")
     engine.close()
 
 
