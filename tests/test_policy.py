@@ -1000,8 +1000,50 @@ def test_a_round_that_nothing_may_draft_makes_no_choice():
     assert policy.calls == 0 and auto.choices == {0: 15}
     auto.propose([], 16, params, None)  # an offer that may be played: a choice
     assert policy.calls == 1 and sum(auto.choices.values()) == 16
-    # A draft model that may draft is always rated, offer or not.
+    # A draft model that may draft is rated, offer or not.
     auto = AutoDrafter(_CountingPolicy(CostCurve({1: 2.0e-3}), CostEstimate(1e-3)),
                        _OfferingLookup(np.random.default_rng(0), 0.0, 6), _RecordingModel())
     auto.propose([], 16, params, None)
     assert auto.policy.calls == 1
+
+
+def test_model_declines_answers_from_the_last_rating_as_choose_would():
+    policy = Policy(CostCurve({1: 2.0e-3, 16: 6.0e-3}), CostEstimate(2.0e-3))
+    assert not policy.model_declines(8, 1, 2)  # no rating yet: choose must rate it
+    assert policy.choose(8, last_shape=1, last_run=2).source == "none"  # rates and declines
+    assert policy.model_declines(8, 1, 2) and policy.model_declines(8, 1, 5)  # (run 5 ~ 2)
+    assert not policy.model_declines(8, 4, 2)  # other inputs: no rating serves them
+    key = (policy.model.alpha, policy.draft_cost.seconds, 8, 1, 2)
+    policy._model_option = (key, 3, (4, 2.0 / policy.curve(1)))  # a rating that takes it
+    assert not policy.model_declines(8, 1, 2)
+    assert policy.choose(8, last_shape=1, last_run=2).source == "model"
+    assert Policy(CostCurve({1: 2.0e-3})).model_declines(8)  # no draft model at all
+
+
+def test_a_round_without_an_offer_asks_nothing_while_the_models_last_rating_declines_it():
+    """A draft model that may draft but loses to plain decoding (on a GPU: every plain step)
+    is not chosen again for every round: while its last rating serves (MODEL_REUSE rounds
+    with the same inputs) and declines it, a round without a lookup offer is a plain step
+    with no choice; then it is rated afresh. Where the rating would take the model, the
+    round still chooses, and drafts with it."""
+    import math
+
+    import numpy as np
+
+    from edgespec.core.policy import MODEL_REUSE
+
+    params = SamplingParams(temperature=0.0)
+    rounds = 40
+    for cost, wins in ((2.0e-3, False), (0.3e-3, True)):
+        policy = _CountingPolicy(CostCurve({1: 2.0e-3, 16: 6.0e-3}), CostEstimate(cost))
+        model = _RecordingModel()
+        auto = AutoDrafter(policy, _OfferingLookup(np.random.default_rng(0), 0.0, 6), model)
+        for _ in range(rounds):
+            draft = auto.propose(list(range(10)), 16, params, None)
+            auto.observe(Outcome(draft, len(draft.tokens), 0, [8], 0.0, 2.0e-3))
+        if wins:
+            assert policy.calls == rounds and len(model.asked) == rounds
+        else:
+            # the first rounds see new call shapes (prefill, then plain steps 1 and 2 in a row)
+            assert rounds // MODEL_REUSE <= policy.calls <= 3 + math.ceil(rounds / MODEL_REUSE)
+            assert auto.choices == {0: rounds} and model.asked == []

@@ -458,6 +458,18 @@ class Policy:
         self._model_option = (key, cached[1] - 1, cached[2])
         return cached[2]
 
+    def model_declines(self, k_max: int, last_shape: int | None = None,
+                       last_run: int = 2) -> bool:
+        """Whether :meth:`choose`, with no lookup offer, would decline the draft model on its
+        last rating (one of its MODEL_REUSE rounds, used up as ``choose`` would). False where
+        no rating serves: then ``choose`` must rate it. What ``auto`` asks first in a round
+        with nothing else to draft, for the price of a key (~10 µs less than a choice)."""
+        if self.draft_cost is None or k_max <= 0:
+            return True
+        rated = self._rated_model((self.model.alpha, self.draft_cost.seconds, k_max, last_shape,
+                                   min(last_run, 2)))
+        return rated is not None and rated[1] <= (1.0 + MARGIN) / self.curve(1)
+
     def model_can_pay(self, k_max: int) -> bool:
         """Whether the draft model could beat plain decoding even if it were always right."""
         if self.draft_cost is None or k_max <= 0:

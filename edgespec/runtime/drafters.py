@@ -377,10 +377,14 @@ class AutoDrafter:
         realized = self.realized
         model_allowed = realized.allowed("model")
         lookup_allowed = realized.allowed("lookup")
-        if ((self.model is None or not model_allowed)
-                and not (shadow.tokens and lookup_allowed)):
-            # Nothing may draft: a plain step without a choice (most rounds of free text; a
-            # choice costs ~40 µs in the cold caches after a decode, 2% of a GPU token).
+        if not (shadow.tokens and lookup_allowed) and (
+                self.model is None or not model_allowed
+                or (self._since_model < self.REPROBE_ROUNDS
+                    and self.policy.model_declines(k, self._last_shape, self._run))):
+            # Nothing may or would draft: a plain step without a choice (most rounds of free
+            # text; a choice costs ~40 µs in the cold caches after a decode, 2% of a GPU
+            # token). The draft model's last rating, where it still serves, says what the
+            # choice would (on a GPU it declines the model in every plain step).
             self._since_probe += 1
             self._since_model += 1
             self.choices[0] = self.choices.get(0, 0) + 1
