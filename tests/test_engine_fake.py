@@ -633,3 +633,20 @@ def test_the_draft_cost_auto_learns_carries_over_to_the_next_generation():
     assert costs.draft_per_token == engine.calibrate().draft_per_token  # the calibration's own
     out = engine.complete("x", max_tokens=24)  # auto's rounds feed the engine's estimates
     assert out.stats.generated == 24
+
+
+def test_auto_holding_a_width_with_the_draft_model_gives_the_plain_text(monkeypatch):
+    """AutoDrafter.HOLD_K (the ``auto-hold`` experiment) on a GPU-like engine (a switch
+    penalty): on a repetitive answer that then goes its own way it drafts with lookup and
+    then the model at one width, and greedy output is plain decoding's, token for token."""
+    from edgespec.runtime.drafters import AutoDrafter
+
+    monkeypatch.setattr(AutoDrafter, "HOLD_K", 4)
+    script = HELLO * 4  # then free text, which lookup has not seen: the model's rounds
+    engine = build(script, drafter="auto", draft="typos", typos={30: ids("a")[0]})
+    engine.calibrate().target.switch_penalty = 2.0e-3
+    held = complete(engine, max_tokens=60, sampling=GREEDY)
+    plain = complete(build(script, drafter="none"), max_tokens=60, sampling=GREEDY)
+    assert [t.id for t in held.tokens] == [t.id for t in plain.tokens]
+    by = held.stats.by_drafter
+    assert by["model"].rounds > 0 and by["lookup"].rounds > 0

@@ -1047,3 +1047,63 @@ def test_a_round_without_an_offer_asks_nothing_while_the_models_last_rating_decl
             # the first rounds see new call shapes (prefill, then plain steps 1 and 2 in a row)
             assert rounds // MODEL_REUSE <= policy.calls <= 3 + math.ceil(rounds / MODEL_REUSE)
             assert auto.choices == {0: rounds} and model.asked == []
+
+
+@pytest.mark.parametrize("hold_k, penalty, exit_by", [
+    (4, 2.4e-3, "both"), (4, 2.4e-3, "hits"), (4, 2.4e-3, "guard"), (0, 2.4e-3, "both"),
+    (4, 0.0, "both")])
+def test_holding_a_width_with_the_draft_model(hold_k, penalty, exit_by, monkeypatch):
+    """The experiment behind ``auto-hold`` (AutoDrafter.HOLD_K; off by default): on a machine
+    with a switch penalty, once lookup's first token has been right in most recent rounds,
+    auto plays lookup drafts capped at HOLD_K where lookup offers and HOLD_K tokens of the
+    draft model where it does not (every call HOLD_K + 1 wide), judged together as "hold";
+    when lookup stops being right, or once the held rounds lose (the guard), it goes back to
+    its own choices (here: plain steps, as the model, wrong every time, cannot pay alone).
+    Off, or without a switch penalty (a CPU), it never holds."""
+    import numpy as np
+
+    from edgespec.core import policy as policy_module
+
+    monkeypatch.setattr(AutoDrafter, "HOLD_K", hold_k)
+    if exit_by == "hits":  # no guard: only lookup's falling hit rate ends the hold
+        monkeypatch.setattr(policy_module, "GUARD_FRACTION", 0.0)
+    elif exit_by == "guard":  # no exit by hit rate: only the guard, once held rounds lose
+        monkeypatch.setattr(AutoDrafter, "HOLD_EXIT", 0.0)
+    def steady(n):
+        return 2.0e-3 + 0.1e-3 * (n - 1)
+
+    policy = Policy(CostCurve({n: steady(n) for n in (1, 4, 8, 16, 32)}, switch_penalty=penalty),
+                    CostEstimate(1.5e-3))
+    lookup = _OfferingLookup(np.random.default_rng(0), 1.0, 6)
+    model = _RecordingModel()
+    auto = AutoDrafter(policy, lookup, model)
+    params = SamplingParams(temperature=0.0)
+
+    def play(n_rounds):
+        kinds = []
+        for _ in range(n_rounds):
+            draft = auto.propose(list(range(10)), 16, params, None)
+            k = len(draft.tokens)
+            if draft.source == "lookup":  # lookup is right: all its drafts and a bonus 7
+                new, accepted, t_draft = [7] * (k + 1), k, 0.0
+            elif draft.source == "model":  # the model is wrong (so it cannot pay alone)
+                new, accepted, t_draft = [8], 0, 1.5e-3 * k
+            else:
+                new, accepted, t_draft = [7 if lookup.p_offer else 8], 0, 0.0
+            auto.observe(Outcome(draft, k, accepted, new, t_draft, steady(k + 1)))
+            kinds.append((draft.source if k else "none", k))
+        return kinds
+
+    copying = play(40)
+    if hold_k and penalty:
+        assert ("lookup", hold_k) in copying[-10:] and all(k <= hold_k for _, k in copying[-10:])
+        assert model.asked == [] and "hold" in auto.realized.sources
+    lookup.p_offer = 0.0  # the copy ends: lookup offers nothing
+    after = play(60)
+    if hold_k and penalty:
+        held = [k for source, k in after if source == "model"]
+        assert held and all(k == hold_k for k in held)  # the model holds the width a while
+        assert after[-20:] == [("none", 0)] * 20  # then auto's own choice: plain steps
+    else:
+        assert model.asked == [] and "hold" not in auto.realized.sources
+        assert after[-20:] == [("none", 0)] * 20

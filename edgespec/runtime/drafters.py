@@ -349,6 +349,20 @@ class AutoDrafter:
     #: rounds between cost probes.
     REPROBE_ROUNDS = 64
 
+    #: Holding a width with the draft model (off at 0; an experiment for the next GPU lease,
+    #: ``auto-hold`` in ``scripts/gpu/auto_variants.py``). On a GPU, where a call of a new
+    #: width costs a switch penalty, ``hybrid`` beat ``auto`` on 6 of 7 edits in the H200 lease
+    #: (type-hints 1.45x against 1.01x) though the draft model alone lost there: its rounds keep
+    #: every call HOLD_K + 1 wide, so lookup's rounds between them replay one graph. With
+    #: HOLD_K > 0 and a draft model, while lookup's first token has been right in at least
+    #: HOLD_ENTER of recent rounds (a copy-heavy answer), auto plays such rounds itself: lookup's
+    #: draft (up to HOLD_K tokens) where it offers one, else HOLD_K from the draft model; below
+    #: HOLD_EXIT it goes back to its own choices. The rounds are judged together as the source
+    #: "hold" (:class:`~edgespec.core.policy.Realized`): losing, they sit out.
+    HOLD_K = 0
+    HOLD_ENTER = 0.6
+    HOLD_EXIT = 0.4
+
     def __init__(self, policy, lookup: LookupDrafter, model: ModelDrafter | None = None) -> None:
         self.policy = policy
         self.lookup = lookup
@@ -365,6 +379,9 @@ class AutoDrafter:
         self._after_lookup = False  #: whether the last round drafted with lookup
         self.realized = Realized(policy.curve(1))
         policy.max_ngram = lookup.max_ngram  # (where the policy's chain of estimates ends)
+        #: how often lookup's first token was the one committed, per round (prior: never)
+        self._hits = AcceptanceEstimate(0.0)
+        self._holding = False  #: whether the last round was a held one
 
     def propose(self, context, k, params, rng) -> Draft:
         t0 = time.perf_counter()
@@ -375,6 +392,14 @@ class AutoDrafter:
         if self._after_lookup:
             self._goes_on.update(bool(shadow.tokens), not shadow.tokens)
         realized = self.realized
+        if k > 0 and self._may_hold():
+            self._since_probe += 1
+            self._since_model = 0
+            n = min(self.HOLD_K, k, len(shadow.tokens)) if shadow.tokens else min(self.HOLD_K, k)
+            self.choices[n] = self.choices.get(n, 0) + 1
+            if shadow.tokens:
+                return Draft(shadow.tokens[:n], shadow.q[:n], "lookup", shadow.ngram)
+            return self.model.propose(context, n, params, rng)
         model_allowed = realized.allowed("model")
         lookup_allowed = realized.allowed("lookup")
         if not (shadow.tokens and lookup_allowed) and (
@@ -420,8 +445,22 @@ class AutoDrafter:
         self._since_model += 1
         return Draft(source="none")
 
+    def _may_hold(self) -> bool:
+        """Whether this round is a held one (see HOLD_K): on a machine with a switch penalty,
+        a draft model at hand, "hold" not set aside, and lookup right often enough lately."""
+        if not self.HOLD_K or self.model is None or not self.policy.curve.switch_penalty:
+            self._holding = False
+        elif not self.realized.allowed("hold"):
+            self._holding = False
+        else:
+            rate = self._hits.alpha
+            self._holding = rate >= (self.HOLD_EXIT if self._holding else self.HOLD_ENTER)
+        return self._holding
+
     def wants_prompt_cached(self, k: int) -> bool:
         """Only if the draft model could pay at all: otherwise its prefill is wasted time."""
+        if self.HOLD_K and self.model is not None:
+            return True
         return self.model is not None and self.policy.model_can_pay(k)
 
     def observe(self, outcome: Outcome) -> None:
@@ -433,13 +472,19 @@ class AutoDrafter:
         policy.curve.observe(n, outcome.t_target, switched=not replayed)
         self._last_shape, self._run = shape, self._run + 1 if shape == self._last_shape else 1
         shadow = self._shadow
+        hit = False
         if shadow is not None and shadow.tokens:
             matched = common_prefix(shadow.tokens, outcome.new_tokens)
             # A mismatch is only seen if the round committed a token at that position.
             seen_mismatch = matched < min(len(shadow.tokens), len(outcome.new_tokens))
             policy.observe_lookup(shadow.ngram, matched, seen_mismatch)
+            hit = matched > 0
+        if self.HOLD_K:
+            self._hits.update(int(hit), not hit)
         draft = outcome.draft
         source = draft.source if draft is not None and outcome.drafted else "none"
+        if self._holding and source != "none":
+            source = "hold"
         self._after_lookup = source == "lookup"
         self.realized.record(source, len(outcome.new_tokens), outcome.t_draft + outcome.t_target)
         if draft is not None and draft.source == "model" and outcome.drafted:

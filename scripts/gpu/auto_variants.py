@@ -10,7 +10,11 @@ prompt, interleaved (order rotated each repeat), and each variant changes one th
 - ``auto-noreprobe``: no re-trial of the draft model and no cost probe of longer lookup drafts;
 - ``auto-noguard``: no check of what each source delivered (``policy.Realized``: a source
   whose rounds deliver less than plain steps sits out);
-- ``auto-nopenalty``: the width-switch penalty measured at calibration is not charged.
+- ``auto-nopenalty``: the width-switch penalty measured at calibration is not charged;
+- ``auto-hold``: an experiment, not yet shipped (``AutoDrafter.HOLD_K`` = 4): where lookup has
+  been right in most recent rounds, every round 5 wide, lookup's draft where it offers one and
+  the draft model's elsewhere, as ``hybrid`` plays (which beat ``auto`` on 6 of 7 edits in the
+  H200 lease), judged as one source by the guard.
 
 Prints tok/s per prompt, each configuration's ratio to ``none`` (geometric mean and worst
 prompt), and what ``auto`` chose (rounds per source; plain steps); ``--json`` keeps every run.
@@ -37,7 +41,8 @@ from edgespec.core.sampling import SamplingParams  # noqa: E402
 from edgespec.runtime import drafters as drafters_module  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402
 
-VARIANTS = ("auto", "auto-lookup", "auto-noreprobe", "auto-noguard", "auto-nopenalty")
+VARIANTS = ("auto", "auto-lookup", "auto-noreprobe", "auto-noguard", "auto-nopenalty",
+            "auto-hold")
 
 
 @contextlib.contextmanager
@@ -46,6 +51,7 @@ def variant(engine: Engine, name: str):
     saved_policy = engine._policy
     saved_guard = policy_module.GUARD_FRACTION
     saved_reprobe = drafters_module.AutoDrafter.REPROBE_ROUNDS
+    saved_hold = drafters_module.AutoDrafter.HOLD_K
     curve = engine.costs.target
     saved_penalty = curve.switch_penalty
     try:
@@ -61,11 +67,14 @@ def variant(engine: Engine, name: str):
             policy_module.GUARD_FRACTION = 0.0
         elif name == "auto-nopenalty":
             curve.switch_penalty = 0.0
+        elif name == "auto-hold":
+            drafters_module.AutoDrafter.HOLD_K = 4
         yield
     finally:
         engine._policy = saved_policy
         policy_module.GUARD_FRACTION = saved_guard
         drafters_module.AutoDrafter.REPROBE_ROUNDS = saved_reprobe
+        drafters_module.AutoDrafter.HOLD_K = saved_hold
         curve.switch_penalty = saved_penalty
 
 
