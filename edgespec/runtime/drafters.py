@@ -392,7 +392,7 @@ class AutoDrafter:
         if self._after_lookup:
             self._goes_on.update(bool(shadow.tokens), not shadow.tokens)
         realized = self.realized
-        if k > 0 and self._may_hold():
+        if self.HOLD_K and k > 0 and self._may_hold():
             self._since_probe += 1
             self._since_model = 0
             n = min(self.HOLD_K, k, len(shadow.tokens)) if shadow.tokens else min(self.HOLD_K, k)
