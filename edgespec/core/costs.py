@@ -88,10 +88,7 @@ def warm_widths(model: Scorer, widths: Sequence[int], *, context: int = 32) -> l
     context = max(0, min(context, model.n_ctx - max(widths, default=1)))
     prefix = _filler(model, context)
     for n in widths:
-        model.sync(prefix)
-        if len(model.tokens) < len(prefix):
-            model.decode(list(prefix[len(model.tokens):]), 0)
-        model.decode(_filler(model, n), n)
+        _timed_decode(model, prefix, _filler(model, n), n)
     return widths
 
 

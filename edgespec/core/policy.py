@@ -371,8 +371,7 @@ class Policy:
         chain = self._chain(lookup_ngram, n_lookup) if n_lookup > longer_than else None
         rate_lookup = chain is not None and self._lookup_may_pay(
             n_lookup, chain[1], entering, floor, last_shape, last_run, continue_rate)
-        model_key = (self.model.alpha, self.draft_cost.seconds, n_model, last_shape,
-                     min(last_run, 2)) if n_model else None
+        model_key = self._model_key(n_model, last_shape, last_run) if n_model else None
         rated = self._rated_model(model_key)
         if rated is None and n_model and not self._model_may_pay(n_model, floor, last_shape,
                                                                  last_run):
@@ -446,6 +445,11 @@ class Policy:
             least += t.switch_penalty
         return expected_tokens(self.model.alpha, n) / least > floor * (1.0 - 1e-9)
 
+    def _model_key(self, n: int, last_shape: int | None, last_run: int) -> tuple:
+        """The inputs a rating of the draft model for drafts of up to ``n`` tokens rests on
+        (:meth:`_rated_model`): a run of 2 or more calls of one width replays alike."""
+        return (self.model.alpha, self.draft_cost.seconds, n, last_shape, min(last_run, 2))
+
     def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
         """The draft model's last (best k, rate), if it may serve this round. Its inputs change
         only when it drafts (acceptance and cost) or the calls' shapes change, and the curve
@@ -466,8 +470,7 @@ class Policy:
         with nothing else to draft, for the price of a key (~10 µs less than a choice)."""
         if self.draft_cost is None or k_max <= 0:
             return True
-        rated = self._rated_model((self.model.alpha, self.draft_cost.seconds, k_max, last_shape,
-                                   min(last_run, 2)))
+        rated = self._rated_model(self._model_key(k_max, last_shape, last_run))
         return rated is not None and rated[1] <= (1.0 + MARGIN) / self.curve(1)
 
     def model_can_pay(self, k_max: int) -> bool:

@@ -446,11 +446,11 @@ class AutoDrafter:
         return Draft(source="none")
 
     def _may_hold(self) -> bool:
-        """Whether this round is a held one (see HOLD_K): on a machine with a switch penalty,
-        a draft model at hand, "hold" not set aside, and lookup right often enough lately."""
-        if not self.HOLD_K or self.model is None or not self.policy.curve.switch_penalty:
-            self._holding = False
-        elif not self.realized.allowed("hold"):
+        """With HOLD_K set, whether this round is a held one: on a machine with a switch
+        penalty, a draft model at hand, "hold" not set aside, and lookup right often enough
+        lately."""
+        if (self.model is None or not self.policy.curve.switch_penalty
+                or not self.realized.allowed("hold")):
             self._holding = False
         else:
             rate = self._hits.alpha
