@@ -2,8 +2,9 @@
 # Set up edgespec from nothing: .venv, llama-cpp-python built for batch-consistent logits, the
 # package with its test dependencies. Idempotent and quick when already done.
 #
-# llama-cpp-python is compiled from source with llamafile's sgemm turned off (it only runs for
-# 2+ tokens, so a batch's logits would differ from a single token's; see README "Exactness")
+# llama-cpp-python is compiled from source with llamafile's sgemm and Intel AMX turned off (each
+# runs for 2+ tokens only, so a batch's logits would differ from a single token's; see README
+# "Exactness")
 # and with llama.cpp's RPC backend on (`edgespec worker`, `--rpc`; see README "Across machines").
 # The wheel is cached outside the repository, keyed by version and CMake flags, because pip's own
 # wheel cache ignores CMAKE_ARGS. GPU users add their flags, e.g.
@@ -19,7 +20,16 @@ CACHE=${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}
 # would die of an illegal instruction on a CPU without it (a cache or home directory shared
 # between machines, a VM moved to another host), so the CPU's vector extensions are in the key.
 CPU_SIMD=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | grep -E '^(avx|fma|f16c|amx|sse|ssse|bmi|asimd|sve|i8mm|dotprod)' | sort | tr '\n' ' ' || true)
-TAG=$(printf '%s|%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" "$CPU_SIMD" | sha256sum | cut -c1-12)
+# Intel AMX off: ggml-cpu multiplies one row with AVX512-VNNI and 2+ rows with AMX tiles, so a
+# batch's logits would differ from a single token's (as with llamafile's sgemm); and on this
+# project's VMs (Firecracker, CPUs that report AMX) the tile instructions die of SIGILL/SIGSEGV
+# once other threads exist (NumPy's OpenBLAS pool). GCC and Clang let -mno-amx-* win over the
+# -march=native that GGML_NATIVE adds, wherever it comes on the command line.
+NO_AMX=""
+if [ "$(uname -m)" = x86_64 ] && echo 'int main(void){return 0;}' | ${CC:-cc} -x c -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -fsyntax-only - 2>/dev/null; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+TAG=$(printf '%s|%s|%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" "$CPU_SIMD" "$NO_AMX" | sha256sum | cut -c1-12)
 WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$TAG"
 
 if [ ! -x .venv/bin/python ]; then
@@ -32,6 +42,7 @@ if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "==> building llama-cpp-python $LLAMA_VERSION ($CMAKE_FLAGS): once, ~6 minutes on 2 cores"
   start=$(date +%s)
   rm -rf "$WHEELS.partial" && mkdir -p "$WHEELS.partial"
+  CFLAGS="${CFLAGS:-} $NO_AMX" CXXFLAGS="${CXXFLAGS:-} $NO_AMX" \
   CMAKE_ARGS="$CMAKE_FLAGS" .venv/bin/python -m pip wheel -q --no-deps --no-cache-dir \
     --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$WHEELS.partial"
   mv "$WHEELS.partial" "$WHEELS"  # only a finished build ever has the final name

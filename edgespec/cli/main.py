@@ -148,16 +148,18 @@ def _sampler_passes() -> str:
 def info(rpc: str | None) -> None:
     """Show the llama.cpp build, batch consistency, GPU offload, RPC, devices and cache location."""
     from ..runtime import rpc as rpc_backend
-    from ..runtime.backend import consistent_build, gpu_offload_supported, system_info
+    from ..runtime.backend import gpu_offload_supported, inconsistent_features, system_info
 
     features = system_info()
+    shaped = inconsistent_features(features)
     click.echo(f"cache dir:        {config.cache_dir()}")
     click.echo(f"threads:          {config.default_threads()}")
     click.echo(f"GPU offload:      {'yes' if gpu_offload_supported() else 'no (CPU-only build)'}")
     click.echo(
         "batch-consistent: "
-        + ("yes (llamafile sgemm not compiled in)" if consistent_build()
-           else "no: this llama.cpp has llamafile's sgemm; rebuild with `make setup`")
+        + ("yes (neither llamafile's sgemm nor AMX compiled in)" if not shaped
+           else f"no: this llama.cpp has {' and '.join(shaped)} (2+ rows only); "
+                "rebuild with `make setup`")
     )
     click.echo("kernel modes:     CPU layers exact (logit-reading calls in pieces of 3); "
                + ("offloaded layers batch-dependent, exact with --exact "

@@ -190,10 +190,23 @@ def system_info() -> dict[str, str]:
     return info
 
 
+#: llama.cpp build features that run for 2+ rows only, so that a batch's logits differ from one
+#: token's: llamafile's sgemm, and Intel AMX (ggml-cpu multiplies a single row with AVX512-VNNI,
+#: more rows with AMX tiles). edgespec's setup builds without both.
+BATCH_SHAPED_FEATURES = ("LLAMAFILE", "AMX_INT8")
+
+
+def inconsistent_features(info: dict[str, str] | None = None) -> list[str]:
+    """The features of :data:`BATCH_SHAPED_FEATURES` this llama.cpp build has compiled in."""
+    info = system_info() if info is None else info
+    return [name for name in BATCH_SHAPED_FEATURES if info.get(name, "0") != "0"]
+
+
 def consistent_build() -> bool:
-    """True if llama.cpp was built without llamafile's sgemm (which only runs for 2+ rows and so
-    makes a batch's logits differ from one token's). edgespec's setup builds it that way."""
-    return system_info().get("LLAMAFILE", "0") == "0"
+    """True if llama.cpp was built without llamafile's sgemm and without AMX (each runs for 2+
+    rows only, and so makes a batch's logits differ from one token's). edgespec's setup builds
+    it that way."""
+    return not inconsistent_features()
 
 
 def gpu_offload_supported() -> bool:
