@@ -7,6 +7,8 @@ at the sizes where vector and block boundaries fall.
 
 from __future__ import annotations
 
+import math
+
 import subprocess
 import sys
 from pathlib import Path
@@ -312,6 +314,17 @@ _params = st.builds(SamplingParams, temperature=st.sampled_from([0.25, 0.8, 1.0,
                     min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]))
 
 
+def _assert_as_numpys_exp(got, want, args, maxulp):
+    """``got`` equals ``want`` bit for bit where NumPy's float64 exp of ``args`` is the C
+    library's, which the compiled passes call; else within ``maxulp``. NumPy's float64 exp is
+    its own SIMD code where the CPU has AVX-512: on the Sapphire Rapids VMs of 2026-11-28
+    (NumPy 2.4.6) it differs from glibc's by 1 ulp in ~5% of arguments."""
+    if np.array_equal(np.exp(args), [math.exp(a) for a in args]):
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_array_max_ulp(got, want, maxulp=maxulp)
+
+
 @needs_rows
 @settings(max_examples=800, deadline=None)
 @given(st.lists(_values, min_size=1, max_size=300).map(lambda v: np.array(v, np.float32)),
@@ -346,7 +359,9 @@ def test_filtered_is_numpys_path_bit_for_bit(row, params, seed, subset, with_tot
             params.top_k and params.top_k < ids.size)
         return
     np.testing.assert_array_equal(out_ids[:count], want.ids)
-    np.testing.assert_array_equal(out_p[:count], want.probs)
+    # (each weight 1 ulp off at most, and so the total: a probability a few ulp)
+    _assert_as_numpys_exp(out_p[:count], want.probs,
+                          (row[ids].astype(np.float64) - top) / params.temperature, maxulp=4)
 
 
 @needs_rows
@@ -373,7 +388,7 @@ def test_filtered_refuses_what_it_cannot_take():
 @pytest.mark.parametrize("t", [0.25, 0.8, 1.0, 2.0])
 @pytest.mark.parametrize("n", [151_936, 16_411])  # (the second: a tail past the grid)
 def test_head_is_numpys_head(top, t, n):
-    # the same head (ids, float64 weights: bit for bit) and the same bounds on the total but
+    # the same head (ids, float64 weights: bit for bit, as NumPy's exp allows) and the same bounds on the total but
     # for the columns' float32 exps (each within 2e-7 of the other's: the bounds move by that)
     rng = np.random.default_rng(int(top * 10 + t * 100))
     row = rng.normal(0.0, 2.0, n).astype(np.float32)
@@ -389,5 +404,6 @@ def test_head_is_numpys_head(top, t, n):
         if got is None:
             continue
         np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(got[1], want[1])
+        _assert_as_numpys_exp(got[1], want[1],
+                              (row[got[0]].astype(np.float64) - float(maxima.top)) / t, maxulp=1)
         np.testing.assert_allclose(got[2:], want[2:], rtol=1e-6)
