@@ -100,9 +100,9 @@ def widths_table(a) -> None:
 
 
 def cpu_switches(a) -> None:
-    from edgespec.runtime.backend import system_info
+    from edgespec.runtime.backend import inconsistent_features
 
-    print("llama.cpp LLAMAFILE =", system_info().get("LLAMAFILE", "?"))
+    print("llama.cpp batch-shaped features compiled in:", ", ".join(inconsistent_features()) or "none")
     for tiled, repack, flash in itertools.product(["1", "0"], [True, False], [True, False]):
         env = dict(os.environ, GGML_CPU_TILED_MM=tiled)
         cmd = [sys.executable, __file__, a.model, "--threads", str(a.threads),

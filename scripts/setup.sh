@@ -25,9 +25,9 @@ CPU_SIMD=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | tr ' ' '\
 # project's VMs (Firecracker, CPUs that report AMX) the tile instructions die of SIGILL/SIGSEGV
 # once other threads exist (NumPy's OpenBLAS pool). GCC and Clang let -mno-amx-* win over the
 # -march=native that GGML_NATIVE adds, wherever it comes on the command line.
-NO_AMX=""
-if [ "$(uname -m)" = x86_64 ] && echo 'int main(void){return 0;}' | ${CC:-cc} -x c -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -fsyntax-only - 2>/dev/null; then
-  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ "$(uname -m)" != x86_64 ] || ! echo 'int main(void){return 0;}' | ${CC:-cc} -x c $NO_AMX -fsyntax-only - 2>/dev/null; then
+  NO_AMX=""
 fi
 TAG=$(printf '%s|%s|%s|%s|%s|%s' "$LLAMA_VERSION" "$CMAKE_FLAGS" "$(uname -m)" "$($PYTHON -c 'import sys; print(sys.version_info[:2])')" "$CPU_SIMD" "$NO_AMX" | sha256sum | cut -c1-12)
 WHEELS="$CACHE/wheels/llama-cpp-python-$LLAMA_VERSION-$TAG"

@@ -8,7 +8,6 @@ at the sizes where vector and block boundaries fall.
 from __future__ import annotations
 
 import math
-
 import subprocess
 import sys
 from pathlib import Path
@@ -388,8 +387,9 @@ def test_filtered_refuses_what_it_cannot_take():
 @pytest.mark.parametrize("t", [0.25, 0.8, 1.0, 2.0])
 @pytest.mark.parametrize("n", [151_936, 16_411])  # (the second: a tail past the grid)
 def test_head_is_numpys_head(top, t, n):
-    # the same head (ids, float64 weights: bit for bit, as NumPy's exp allows) and the same bounds on the total but
-    # for the columns' float32 exps (each within 2e-7 of the other's: the bounds move by that)
+    # the same head (ids, float64 weights: bit for bit, as NumPy's exp allows) and the same
+    # bounds on the total but for the columns' float32 exps (each within 2e-7 of the other's:
+    # the bounds move by that)
     rng = np.random.default_rng(int(top * 10 + t * 100))
     row = rng.normal(0.0, 2.0, n).astype(np.float32)
     row[rng.choice(n, 6, replace=False)] = top - np.array([0, 1, 1.8, 2.5, 3, 3.4], np.float32)
