@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -543,13 +544,35 @@ def test_a_self_draft_has_no_draft_window(tiny_engine):
     assert tiny_engine.draft_window == 0
 
 
+def _most_rounds(alpha: float, k: int, n: int, delta: float = 1e-6) -> int:
+    """Rounds that emitting ``n`` tokens with ``k`` drafts a round exceeds with probability
+    under ``delta`` when every draft passes with probability at least ``alpha`` given what
+    came before. Such a run's tokens dominate a sum of independent rounds of Y = 1 + A, A a
+    geometric run of passes cut at k (P(A = j) = alpha^j (1 - alpha), P(A = k) = alpha^k),
+    whose distribution is convolved here exactly. Rounds drafting fewer than k (the
+    budget's last tokens) only come once n - k tokens are out, and at most k more follow."""
+    y = np.array([alpha ** j * (1 - alpha) for j in range(k)] + [alpha ** k])
+    total = np.zeros(n - k)  # P(sum of r rounds' tokens = s) for s < n - k (the rest: done)
+    total[0] = 1.0
+    r = 0
+    while total.sum() > delta:
+        r += 1
+        total = np.convolve(total, np.concatenate(([0.0], y)))[: n - k]
+    return r + k
+
+
 def test_recorded_rows_pair_each_target_row_with_the_drafts(tiny_engine, tmp_path):
     # bench --overhead --recorded: rows of the real model at positions of its own text. The
     # tiny pair drafts for itself, so each draft row must equal its target row bit for bit,
-    # and the bench's draft model on them is accepted nearly always (a draft's window leaves
-    # out the tokens under 1e-4 of its top one: q differs from p by that little mass)
-    from edgespec.bench.overhead import load_pools, make_prompt, measure, record_pools, save_pools
+    # and the bench's draft model on them is accepted as often as those rows allow: a draft's
+    # window (its 64 largest logits at most, none under 1e-4 of its top one) leaves out some
+    # of p's mass, so a draft from row r passes with sum(min(p, q)), computed below (0.89 to
+    # 1.0 for these rows on this project's CPUs: flat rows at T 0.8 lose the most)
+    from edgespec.bench.overhead import (SAMPLINGS, load_pools, make_prompt, measure,
+                                         record_pools, save_pools)
     from edgespec.bench.prompts import load_prompts
+    from edgespec.config import DRAFT_WINDOW
+    from edgespec.core.sampling import distribution, draft_distribution
 
     target, draft = record_pools(tiny_engine, load_prompts()[:2], n_rows=12)
     assert target.shape == draft.shape == (12, tiny_engine.target.n_vocab)
@@ -559,4 +582,8 @@ def test_recorded_rows_pair_each_target_row_with_the_drafts(tiny_engine, tmp_pat
     save_pools(tmp_path / "rows.npz", target, draft)
     pools = load_pools(tmp_path / "rows.npz")
     r = measure("model", 4, "t0.8", pools, make_prompt(pools[2]), 96)
-    assert r.tokens >= 4.5 * r.rounds
+    params = SAMPLINGS["t0.8"]
+    alpha = min(np.minimum(distribution(p, params).dense(),
+                           draft_distribution(p, params, window=DRAFT_WINDOW).dense()).sum()
+                for p in target)
+    assert r.tokens == 96 and 96 / 5 <= r.rounds <= _most_rounds(alpha, 4, 96)
