@@ -737,3 +737,66 @@ def test_the_callers_time_between_rounds_is_not_the_targets():
         time.sleep(0.010)
     gen.close()
     assert stats.time_target + stats.time_drafting + stats.time_sampling < 0.020
+
+
+def _gpu_auto(draft, draft_cost=1.2e-3):
+    """``auto`` on a GPU-like policy (a flat curve, a switch penalty) whose costs and guard
+    do not move with the fakes' microsecond calls: its choices then depend on the text alone."""
+    from edgespec.core.costs import CostCurve
+    from edgespec.core.policy import CostEstimate, Policy
+
+    curve = CostCurve({1: 2.0e-3, 4: 2.6e-3, 16: 3.4e-3, 33: 5.0e-3}, switch_penalty=2.0e-3)
+    policy = Policy(curve, CostEstimate(draft_cost) if draft is not None else None)
+    auto = make_drafter("auto", draft, 8, policy=policy)
+    curve.observe = lambda n, s, switched=False: None
+    policy.lookup_cost.observe = lambda s: None
+    if policy.draft_cost is not None:
+        policy.draft_cost.observe = lambda s: None
+    auto.realized.record = lambda source, tokens, seconds: None
+    return auto
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["lookup-only", "draft-model"])
+def test_auto_launches_an_assured_plain_step_before_its_own_work_and_plays_the_same_rounds(
+        with_model):
+    """On an asynchronous target, a plain step that auto assured (``plain_next``) is launched
+    as soon as the last round is committed, before auto observes that round and proposes (the
+    work runs while the device computes); auto's proposal then, made all the same, is plain.
+    The rounds are those of the same auto launching each round after its work, and the text
+    is greedy plain decoding's."""
+    def setup():  # (a text that copies itself in stretches, with free text between)
+        return pair(8, seed=2, draft="perturbed", markov=2.5, context=0.3)
+
+    target, draft = setup()
+    plain, _, _ = generate(target, make_drafter("none"), PROMPT, GREEDY, 4, 160)
+    # (a draft model that costs 3 ms a token: on this curve it never pays, so plain steps
+    # can be assured with it at hand)
+    target, draft = setup()
+    want, want_rounds, _ = generate(target, _gpu_auto(draft if with_model else None, 3e-3),
+                                    PROMPT, GREEDY, 8, 160)
+    target, draft = setup()
+    ahead = _ahead(target)
+    auto = _gpu_auto(draft if with_model else None, 3e-3)
+    observe, propose = auto.observe, auto.propose
+
+    def logged_observe(outcome):
+        ahead.events.append(("observe",))
+        observe(outcome)
+
+    def logged_propose(context, k, params, rng):
+        got = propose(context, k, params, rng)
+        ahead.events.append(("propose", len(got.tokens)))
+        return got
+
+    auto.observe, auto.propose = logged_observe, logged_propose
+    got, got_rounds, _ = generate(ahead, auto, PROMPT, GREEDY, 8, 160)
+    assert got == want == plain and got_rounds == want_rounds
+    assert any(r.drafted for r in got_rounds) and any(not r.drafted for r in got_rounds)
+    ev = ahead.events
+    first = [i for i in range(1, len(ev) - 2)
+             if ev[i - 1] == ("finish",) and ev[i] == ("start", 1) and ev[i + 1] == ("observe",)]
+    assert len(first) >= 10
+    assert all(ev[i + 2] == ("propose", 0) for i in first)
+    # elsewhere the work comes first: observe, propose, then the launch
+    assert all(ev[i + 1][0] in ("observe", "propose") for i in range(len(ev) - 1)
+               if ev[i] == ("finish",) and i + 1 not in first)

@@ -60,6 +60,15 @@ class AcceptanceEstimate:
         w = self.prior_weight
         return (self.successes + w * self.prior) / (self.successes + self.failures + w)
 
+    def reach(self) -> float:
+        """The most :attr:`alpha` can be after one more :meth:`update` of a round that tests
+        at most one draft (a plain step's shadow): none, one success, or one failure (which,
+        after many failures, forgetting can raise)."""
+        w, p = self.prior_weight, self.prior
+        s, f = self.successes * DECAY, self.failures * DECAY
+        return max(self.alpha, (s + 1.0 + w * p) / (s + f + 1.0 + w),
+                   (s + w * p) / (s + f + 1.0 + w))
+
     @property
     def evidence(self) -> float:
         return self.successes + self.failures
@@ -472,6 +481,64 @@ class Policy:
             return True
         rated = self._rated_model(self._model_key(k_max, last_shape, last_run))
         return rated is not None and rated[1] <= (1.0 + MARGIN) / self.curve(1)
+
+    def plain_assured(self, k_max: int, *, run: int, continue_rate: float, lookup: bool,
+                      model: bool, moved: int = 0) -> bool:
+        """Whether :meth:`choose` will pick plain decoding in a round from plain decoding (after
+        ``run`` plain calls in a row) for any lookup offer of up to ``k_max`` tokens from a
+        match of any size, once one more plain step is observed: that step moves at most the
+        acceptance estimate of n-gram size ``moved`` (its lookup proposal's; 0: none), by one
+        success or failure (:meth:`AcceptanceEstimate.reach`), and lookup's cost (its next
+        sample at most zero). Then an asynchronous target's loop may launch that round before
+        the drafter's work on it
+        (:meth:`edgespec.runtime.drafters.AutoDrafter.plain_next`). False says nothing.
+
+        The step moves t(1) too, by a fraction of its time (CostCurve.observe's running
+        average); t(1) is taken as it is: a choice it would flip is a near tie of drafting
+        and plain decoding, where playing either costs about the same.
+
+        The bounds are :meth:`_lookup_may_pay`'s and :meth:`_model_may_pay`'s at ``k_max``
+        (their ratio of tokens to time grows with k), with the largest chain of estimates
+        that any match size meets."""
+        t = self.curve
+        if k_max <= 0:
+            return True
+        floor = (1.0 + MARGIN) / t(1) * (1.0 - 1e-9)
+        least = max(t.lower_bound(2, k_max + 1), 1e-6)
+        penalty = t.switch_penalty if not t.width else 0.0
+        if model and self.draft_cost is not None:
+            cached = self._model_option
+            if cached is not None and cached[2][1] > floor:
+                return False  # a rating that may still serve and would win
+            if expected_tokens(self.model.alpha, k_max) / (
+                    least + self.draft_cost.seconds + penalty) > floor:
+                return False
+        if not lookup:
+            return True
+        cap = max(self.max_ngram, 1)
+        alphas = []
+        for n in range(1, cap + 1):
+            est = self.lookup.get(n)
+            if est is None:
+                lo, hi = self.lookup_prior
+                est = AcceptanceEstimate(lo + (hi - lo) * min(max(n - 1, 0), 3) / 3)
+            alphas.append(est.reach() if n == moved else est.alpha)
+        most = 0.0
+        for ngram in range(1, cap + 1):  # as _chain does for a match of each size
+            young = alphas[ngram - 1:min(cap, ngram + k_max - 1)]
+            reached = total = 1.0
+            for a in young:
+                reached *= a
+                total += reached
+            rest = k_max - len(young)
+            if rest > 0:
+                a = young[-1]
+                total += reached * (rest if a >= 1.0 else a * (1.0 - a ** rest) / (1.0 - a))
+            most = max(most, total)
+        if penalty:
+            least += entry_charge(penalty, 1, run) * _share(continue_rate)
+        least += self.lookup_cost.seconds * (1.0 - self.lookup_cost.weight)
+        return most / least <= floor
 
     def model_can_pay(self, k_max: int) -> bool:
         """Whether the draft model could beat plain decoding even if it were always right."""

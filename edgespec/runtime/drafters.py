@@ -445,6 +445,30 @@ class AutoDrafter:
         self._since_model += 1
         return Draft(source="none")
 
+    def plain_next(self, k_max: int) -> bool:
+        """Whether the round after this one (a plain step, proposed and not yet observed) will
+        be a plain step again, whatever token the step commits: then an asynchronous loop
+        launches it before this drafter's work on it (its ``observe``, the lookup proposal,
+        the choice), which runs while the device computes. Asked after a plain step's call is
+        launched; the choice itself is still made, and must come out plain. False where a
+        draft could be chosen: the draft model's re-trial is due, holding, or
+        :meth:`~edgespec.core.policy.Policy.plain_assured`'s bound allows a draft."""
+        if self.HOLD_K:
+            return False
+        realized = self.realized
+        upcoming = realized.round + 1  # (the Realized round that choice is made in)
+        model = self.model is not None and upcoming >= realized.banned_until.get("model", 0)
+        if model and self._since_model >= self.REPROBE_ROUNDS:
+            return False
+        if not self.policy.curve.switch_penalty and self._since_probe + 1 >= self.REPROBE_ROUNDS:
+            return False  # (a cost probe may be played from plain decoding)
+        run = self._run + 1 if self._last_shape == 1 else 1
+        shadow = self._shadow
+        return self.policy.plain_assured(
+            k_max, run=run, continue_rate=self._goes_on.alpha,
+            lookup=upcoming >= realized.banned_until.get("lookup", 0), model=model,
+            moved=shadow.ngram if shadow is not None and shadow.tokens else 0)
+
     def _may_hold(self) -> bool:
         """With HOLD_K set, whether this round is a held one: on a machine with a switch
         penalty, a draft model at hand, "hold" not set aside, and lookup right often enough

@@ -40,6 +40,11 @@ class Target(Protocol):
     # then launched before this one is yielded (see :func:`rounds`).
 
 
+def _unplayed(draft):
+    """A proposal the round did not play (its call was launched as a plain step)."""
+    return type(draft)(source=draft.source)
+
+
 @dataclass(frozen=True)
 class Round:
     """Tokens one verification round emitted, with where each came from."""
@@ -109,6 +114,12 @@ def rounds(
     when the generator is closed, and its tokens are left in the target's cache record (the
     next ``sync`` cuts them off). On the CPU the decode is the work, and launching it before
     the yield would only delay each round's text.
+
+    A drafter may also say, while a plain step's call runs, that the step after it will be
+    plain whatever this one commits (``plain_next(draft_length)``: ``auto`` where no offer
+    could pay). That step is then launched as soon as this one is committed, and the
+    drafter's work on it (observing this round, its proposal, its choice) runs while the
+    device computes: a GPU's plain steps under ``auto`` then cost what ``none``'s do.
     """
     committed = list(prompt)
     cache = Follower(target)
@@ -120,17 +131,15 @@ def rounds(
     is_eog = getattr(target, "is_eog", None)
     as_picks = picks is not None
     observe = getattr(drafter, "observe", None)
+    plain_next = getattr(drafter, "plain_next", None) if ahead else None
     draft_source, target_source = Source.DRAFT, Source.TARGET
     n_ctx = target.n_ctx
 
     def plan() -> tuple:
         """Propose the next round, bring the cache to it and (``ahead``) launch its call:
-        ``(draft, tokens, q, seconds drafting, seconds of the target's so far)``."""
-        # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
-        # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
-        k = min(draft_length, n_ctx - len(committed) - 1)
-        if max_new_tokens is not None:
-            k = min(k, max(max_new_tokens - emitted - 1, 0))
+        ``(draft, tokens, q, seconds drafting, seconds of the target's so far, assured)``,
+        ``assured``: the round after it is a plain step (``plain_next``)."""
+        k = budget()
         t0 = time.perf_counter()
         draft = drafter.propose(committed, k, params, rng) if k > 0 else None
         tokens = draft.tokens[:k] if draft else []
@@ -139,14 +148,41 @@ def rounds(
         cache.sync(committed, len(committed) - 1)
         if ahead:
             start([committed[-1], *tokens], len(tokens) + 1, picks=as_picks)
-        return draft, tokens, q, t1 - t0, time.perf_counter() - t1
+        t_target = time.perf_counter() - t1
+        return draft, tokens, q, t1 - t0, t_target, bool(
+            plain_next is not None and not tokens and plain_next(draft_length))
+
+    def budget() -> int:
+        # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
+        # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
+        k = min(draft_length, n_ctx - len(committed) - 1)
+        if max_new_tokens is not None:
+            k = min(k, max(max_new_tokens - emitted - 1, 0))
+        return k
+
+    def launch_plain() -> float:
+        """Launch a plain step the drafter assured (before its work on it); its seconds."""
+        t1 = time.perf_counter()
+        cache.sync(committed, len(committed) - 1)
+        start([committed[-1]], 1, picks=as_picks)
+        return time.perf_counter() - t1
+
+    def plan_launched(t_target: float) -> tuple:
+        """:func:`plan` for a plain step already launched: the drafter's proposal is its
+        bookkeeping (shadow lookup, choice), made while the device computes. Its drafting
+        time is not the round's: nothing waited for it."""
+        k = budget()
+        draft = drafter.propose(committed, k, params, rng) if k > 0 else None
+        if draft is not None and draft.tokens:  # (the bound behind plain_next is wrong)
+            draft = _unplayed(draft)
+        return draft, [], [], 0.0, t_target, bool(plain_next(draft_length))
 
     pending = None
     try:
         while len(committed) < n_ctx:
             if pending is None:
                 pending = plan()
-            draft, tokens, q, t_draft, t_target = pending
+            draft, tokens, q, t_draft, t_target, assured = pending
             pending = None
             t2 = time.perf_counter()
             if picks is not None:
@@ -168,14 +204,25 @@ def rounds(
             new = tokens[:accepted] + [token]
             committed.extend(new)
             emitted += len(new)
+            failure = None
+            goes_on = ahead and len(committed) < n_ctx and (
+                max_new_tokens is None or emitted < max_new_tokens) and not (
+                is_eog is not None and (any(map(is_eog, new)) if accepted else is_eog(token)))
+            launched = None
+            if goes_on and assured:
+                # the drafter said this step is plain whatever it commits: launched first, so
+                # that its observing and proposing run while the device computes
+                try:
+                    launched = launch_plain()
+                except Exception as err:
+                    failure, goes_on = err, False
             if observe is not None:
                 observe(Outcome(draft, len(tokens), accepted, new, t_draft, t_target))
-            failure = None
-            if ahead and len(committed) < n_ctx and (
-                    max_new_tokens is None or emitted < max_new_tokens) and not (
-                    is_eog is not None and (any(map(is_eog, new)) if accepted else is_eog(token))):
+            if goes_on:
+                if launched is not None:  # (finished on close even if proposing fails)
+                    pending = (None, [], [], 0.0, launched, False)
                 try:
-                    pending = plan()
+                    pending = plan() if launched is None else plan_launched(launched)
                 except Exception as err:  # raised once this round is delivered
                     failure = err
             # (from here on, on an asynchronous target, the device computes the next round)
