@@ -11,6 +11,9 @@ prompt, interleaved (order rotated each repeat), and each variant changes one th
 - ``auto-noguard``: no check of what each source delivered (``policy.Realized``: a source
   whose rounds deliver less than plain steps sits out);
 - ``auto-nopenalty``: the width-switch penalty measured at calibration is not charged;
+- ``auto-workfirst``: no plain step launched before ``auto``'s work on it (``plain_next``
+  always False: the code the 2026-11-28 lease measured, where ``auto``'s plain steps ran
+  0.93-0.98x of ``none``);
 - ``auto-hold``: an experiment, not yet shipped (``AutoDrafter.HOLD_K`` = 4): where lookup has
   been right in most recent rounds, every round 5 wide, lookup's draft where it offers one and
   the draft model's elsewhere, as ``hybrid`` plays (which beat ``auto`` on 6 of 7 edits in the
@@ -41,8 +44,8 @@ from edgespec.core.sampling import SamplingParams  # noqa: E402
 from edgespec.runtime import drafters as drafters_module  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402
 
-VARIANTS = ("auto", "auto-lookup", "auto-noreprobe", "auto-noguard", "auto-nopenalty",
-            "auto-hold")
+VARIANTS = ("auto", "auto-workfirst", "auto-lookup", "auto-noreprobe", "auto-noguard",
+            "auto-nopenalty", "auto-hold")
 
 
 @contextlib.contextmanager
@@ -52,6 +55,7 @@ def variant(engine: Engine, name: str):
     saved_guard = policy_module.GUARD_FRACTION
     saved_reprobe = drafters_module.AutoDrafter.REPROBE_ROUNDS
     saved_hold = drafters_module.AutoDrafter.HOLD_K
+    saved_next = drafters_module.AutoDrafter.plain_next
     curve = engine.costs.target
     saved_penalty = curve.switch_penalty
     try:
@@ -69,12 +73,15 @@ def variant(engine: Engine, name: str):
             curve.switch_penalty = 0.0
         elif name == "auto-hold":
             drafters_module.AutoDrafter.HOLD_K = 4
+        elif name == "auto-workfirst":
+            drafters_module.AutoDrafter.plain_next = lambda self, k_max: False
         yield
     finally:
         engine._policy = saved_policy
         policy_module.GUARD_FRACTION = saved_guard
         drafters_module.AutoDrafter.REPROBE_ROUNDS = saved_reprobe
         drafters_module.AutoDrafter.HOLD_K = saved_hold
+        drafters_module.AutoDrafter.plain_next = saved_next
         curve.switch_penalty = saved_penalty
 
 

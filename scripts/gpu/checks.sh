@@ -106,6 +106,8 @@ section "2b the held-out prompts (scripts/gpu/heldout.jsonl): does auto hold on 
 TAIL=40 run 150 bench_heldout $ES bench $GPU -r 1 --prompts scripts/gpu/heldout.jsonl --drafters none,lookup,hybrid,auto --json "$R/bench_heldout.json" --plot "$R/bench_heldout.png"
 
 section "3 where auto loses to none: auto against variants of its policy, one engine (issue 11)"
+# auto-workfirst is auto before its assured plain steps were launched ahead of its work (the
+# 2026-11-28 lease: 0.93-0.98x of none on the all-plain prompts): auto >= 0.95x everywhere?
 TAIL=25 run 120 auto_variants python3 scripts/gpu/auto_variants.py "$T" "$D" --ngl -1 -r 3 --json "$R/auto_variants.json"
 
 section "4 sampled, after the hot-loop work (issue 10 on a GPU)"
