@@ -240,6 +240,20 @@ class Realized:
             self.sources[source] = _Tally()
 
 
+def _chain_total(young: list[float], k_max: int) -> float:
+    """Expected tokens of a lookup draft of ``k_max`` tokens whose drafts meet the estimates
+    ``young`` in turn, the last of them for the rest: a few scalar steps and a geometric tail."""
+    reached = total = 1.0
+    for a in young:
+        reached *= a
+        total += reached
+    rest = k_max - len(young)
+    if rest > 0:
+        a = young[-1]
+        total += reached * (rest if a >= 1.0 else a * (1.0 - a ** rest) / (1.0 - a))
+    return total
+
+
 def _chain_array(young: list[float], k_max: int) -> np.ndarray:
     """:meth:`Policy.lookup_expected` from the estimates :meth:`Policy._chain` gathered."""
     alphas = np.empty(k_max)
@@ -305,15 +319,7 @@ class Policy:
         cap = max(self.max_ngram, ngram)
         last = min(cap, ngram + k_max - 1)
         young = [self.lookup_estimate(n).alpha for n in range(ngram, last + 1)]
-        reached = total = 1.0
-        for a in young:
-            reached *= a
-            total += reached
-        rest = k_max - len(young)
-        if rest > 0:
-            a = young[-1]
-            total += reached * (rest if a >= 1.0 else a * (1.0 - a ** rest) / (1.0 - a))
-        return young, total
+        return young, _chain_total(young, k_max)
 
     def observe_lookup(self, ngram: int, matched: int, rejected: bool) -> None:
         """A lookup proposal from a match of ``ngram`` tokens had its first ``matched`` tokens
@@ -523,18 +529,9 @@ class Policy:
                 lo, hi = self.lookup_prior
                 est = AcceptanceEstimate(lo + (hi - lo) * min(max(n - 1, 0), 3) / 3)
             alphas.append(est.reach() if n == moved else est.alpha)
-        most = 0.0
-        for ngram in range(1, cap + 1):  # as _chain does for a match of each size
-            young = alphas[ngram - 1:min(cap, ngram + k_max - 1)]
-            reached = total = 1.0
-            for a in young:
-                reached *= a
-                total += reached
-            rest = k_max - len(young)
-            if rest > 0:
-                a = young[-1]
-                total += reached * (rest if a >= 1.0 else a * (1.0 - a ** rest) / (1.0 - a))
-            most = max(most, total)
+        # (as _chain does for a match of each size)
+        most = max(_chain_total(alphas[ngram - 1:min(cap, ngram + k_max - 1)], k_max)
+                   for ngram in range(1, cap + 1))
         if penalty:
             least += entry_charge(penalty, 1, run) * _share(continue_rate)
         least += self.lookup_cost.seconds * (1.0 - self.lookup_cost.weight)
