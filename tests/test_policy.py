@@ -1110,6 +1110,32 @@ def test_holding_a_width_with_the_draft_model(hold_k, penalty, exit_by, monkeypa
         assert after[-20:] == [("none", 0)] * 20
 
 
+@pytest.mark.parametrize("long", [False, True])
+def test_holding_with_long_lookup_drafts_plays_them_as_auto_would(long, monkeypatch):
+    """AutoDrafter.HOLD_LONG (the ``auto-holdlong`` experiment; off by default): while holding,
+    a lookup offer longer than HOLD_K is played at the length auto's own choice gives it (here
+    7 of the 12 offered tokens: lookup is right every time, and a width's change is charged
+    the switch penalty), not cut to HOLD_K; without it, cut."""
+    import numpy as np
+
+    monkeypatch.setattr(AutoDrafter, "HOLD_K", 4)
+    monkeypatch.setattr(AutoDrafter, "HOLD_LONG", long)
+    policy = Policy(CostCurve({n: 2.0e-3 + 0.1e-3 * (n - 1) for n in (1, 4, 8, 16, 32)},
+                              switch_penalty=2.4e-3), CostEstimate(1.5e-3))
+    auto = AutoDrafter(policy, _OfferingLookup(np.random.default_rng(0), 1.0, 12),
+                       _RecordingModel())
+    lengths = []
+    for _ in range(40):
+        draft = auto.propose(list(range(10)), 16, SamplingParams(temperature=0.0), None)
+        k = len(draft.tokens)
+        new = [7] * (k + 1) if draft.source == "lookup" else [7]
+        auto.observe(Outcome(draft, k, k if draft.source == "lookup" else 0, new, 0.0,
+                             2.0e-3 + 0.1e-3 * k))
+        lengths.append(k)
+    assert auto._holding and "hold" in auto.realized.sources
+    assert lengths[-10:] == [7 if long else 4] * 10
+
+
 def _random_policy(rng) -> tuple[Policy, int, int, float]:
     """A policy with random estimates on a GPU-like curve (a switch penalty), and a round's
     k_max, plain run so far and continue rate."""

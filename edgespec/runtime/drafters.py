@@ -362,6 +362,12 @@ class AutoDrafter:
     HOLD_K = 0
     HOLD_ENTER = 0.6
     HOLD_EXIT = 0.4
+    #: With HOLD_K: where lookup offers more than HOLD_K tokens, its draft is played as auto's
+    #: own choice would play it (a longer one where the policy rates that best) rather than
+    #: cut to HOLD_K. The 2026-11-28 lease's ``auto-hold`` ran type-hints at 1.20x of ``auto``
+    #: but rename at 0.86x, where lookup's long drafts pay most; an experiment for the next
+    #: lease (``auto-holdlong`` in ``scripts/gpu/auto_variants.py``).
+    HOLD_LONG = False
 
     def __init__(self, policy, lookup: LookupDrafter, model: ModelDrafter | None = None) -> None:
         self.policy = policy
@@ -396,6 +402,12 @@ class AutoDrafter:
             self._since_probe += 1
             self._since_model = 0
             n = min(self.HOLD_K, k, len(shadow.tokens)) if shadow.tokens else min(self.HOLD_K, k)
+            if self.HOLD_LONG and len(shadow.tokens) > n:
+                own = self.policy.choose(
+                    *offer, last_shape=self._last_shape, last_run=self._run,
+                    continue_rate=self._goes_on.alpha, lookup=True, model=False)
+                if own.source == "lookup" and own.k > n:
+                    n = own.k
             self.choices[n] = self.choices.get(n, 0) + 1
             if shadow.tokens:
                 return Draft(shadow.tokens[:n], shadow.q[:n], "lookup", shadow.ngram)

@@ -17,7 +17,10 @@ prompt, interleaved (order rotated each repeat), and each variant changes one th
 - ``auto-hold``: an experiment, not yet shipped (``AutoDrafter.HOLD_K`` = 4): where lookup has
   been right in most recent rounds, every round 5 wide, lookup's draft where it offers one and
   the draft model's elsewhere, as ``hybrid`` plays (which beat ``auto`` on 6 of 7 edits in the
-  H200 lease), judged as one source by the guard.
+  H200 lease), judged as one source by the guard;
+- ``auto-holdlong``: ``auto-hold`` that plays lookup's drafts longer than 4 where auto's own
+  choice would (``AutoDrafter.HOLD_LONG``): the 2026-11-28 lease's ``auto-hold`` won on
+  type-hints (1.20x of ``auto``) and lost on rename (0.86x), where long drafts pay.
 
 Prints tok/s per prompt, each configuration's ratio to ``none`` (geometric mean and worst
 prompt), and what ``auto`` chose (rounds per source; plain steps); ``--json`` keeps every run.
@@ -45,7 +48,7 @@ from edgespec.runtime import drafters as drafters_module  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402
 
 VARIANTS = ("auto", "auto-workfirst", "auto-lookup", "auto-noreprobe", "auto-noguard",
-            "auto-nopenalty", "auto-hold")
+            "auto-nopenalty", "auto-hold", "auto-holdlong")
 
 
 @contextlib.contextmanager
@@ -56,6 +59,7 @@ def variant(engine: Engine, name: str):
     saved_reprobe = drafters_module.AutoDrafter.REPROBE_ROUNDS
     saved_hold = drafters_module.AutoDrafter.HOLD_K
     saved_next = drafters_module.AutoDrafter.plain_next
+    saved_long = drafters_module.AutoDrafter.HOLD_LONG
     curve = engine.costs.target
     saved_penalty = curve.switch_penalty
     try:
@@ -73,6 +77,9 @@ def variant(engine: Engine, name: str):
             curve.switch_penalty = 0.0
         elif name == "auto-hold":
             drafters_module.AutoDrafter.HOLD_K = 4
+        elif name == "auto-holdlong":
+            drafters_module.AutoDrafter.HOLD_K = 4
+            drafters_module.AutoDrafter.HOLD_LONG = True
         elif name == "auto-workfirst":
             drafters_module.AutoDrafter.plain_next = lambda self, k_max: False
         yield
@@ -82,6 +89,7 @@ def variant(engine: Engine, name: str):
         drafters_module.AutoDrafter.REPROBE_ROUNDS = saved_reprobe
         drafters_module.AutoDrafter.HOLD_K = saved_hold
         drafters_module.AutoDrafter.plain_next = saved_next
+        drafters_module.AutoDrafter.HOLD_LONG = saved_long
         curve.switch_penalty = saved_penalty
 
 
