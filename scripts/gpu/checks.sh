@@ -18,7 +18,10 @@
 # build and then ran every section in 250 s (438 s in all), which left ~290 s for follow-ups
 # on the warm machine (scripts/gpu/auto_variants.py -r 5, a top-p bench: 79 s). The next lease
 # (H200, at bc5935e) went the same way: all 25 pieces in after 157 s of device time, the build
-# done 181 s into this script, every section in 489 s (651 s of the 900 in all).
+# done 181 s into this script, every section in 489 s (651 s of the 900 in all). And on
+# 2026-11-28 (H100, d5b80a0): all pieces in after 190 s, the build done 126 s into this
+# script, every section but verify --exact (its cap did not fit) in 493 s; --exact and a
+# bench --exact -r 1 after it on the warm machine (17 s each): 785 s of the 900.
 #
 # For section 1b's before/after of the host path (host_floor.py --base): before the runs, `mkdir
 # .hostbase && git archive 60fb22c edgespec | tar -x -C .hostbase` (untracked,
@@ -119,8 +122,9 @@ section "5 the cost of changing width: t(k) interleaved against repeated, and au
 TAIL=30 run 90 sweep $ES bench $GPU --sweep --no-runs --json "$R/sweep.json"
 
 section "6 exactness: greedy verify in the exact mode and the batch-dependent default (issue 12)"
-TAIL=20 run 150 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
-TAIL=20 run 120 verify_greedy_batchdep $ES verify $GPU --temperature 0
+# (caps: 17 s and 14 s on the H100 of 2026-11-28, where a cap of 150 s skipped the first)
+TAIL=20 run 60 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
+TAIL=20 run 60 verify_greedy_batchdep $ES verify $GPU --temperature 0
 
 section "7 host work of the loop on this machine's CPU (synthetic model)"
 TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
