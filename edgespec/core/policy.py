@@ -292,10 +292,13 @@ class Policy:
     def lookup_estimate(self, ngram: int) -> AcceptanceEstimate:
         est = self.lookup.get(ngram)
         if est is None:
-            lo, hi = self.lookup_prior
-            prior = lo + (hi - lo) * min(max(ngram - 1, 0), 3) / 3
-            est = self.lookup[ngram] = AcceptanceEstimate(prior)
+            est = self.lookup[ngram] = self._fresh_lookup_estimate(ngram)
         return est
+
+    def _fresh_lookup_estimate(self, ngram: int) -> AcceptanceEstimate:
+        """An estimate for n-gram size ``ngram`` before any evidence: at its prior."""
+        lo, hi = self.lookup_prior
+        return AcceptanceEstimate(lo + (hi - lo) * min(max(ngram - 1, 0), 3) / 3)
 
     def lookup_expected(self, ngram: int, k_max: int) -> np.ndarray:
         """Expected tokens of a lookup round of k = 1 .. ``k_max`` drafts (index k - 1) from a
@@ -523,11 +526,8 @@ class Policy:
             return True
         cap = max(self.max_ngram, 1)
         alphas = []
-        for n in range(1, cap + 1):
-            est = self.lookup.get(n)
-            if est is None:
-                lo, hi = self.lookup_prior
-                est = AcceptanceEstimate(lo + (hi - lo) * min(max(n - 1, 0), 3) / 3)
+        for n in range(1, cap + 1):  # (sizes not seen yet at their priors, not added)
+            est = self.lookup.get(n) or self._fresh_lookup_estimate(n)
             alphas.append(est.reach() if n == moved else est.alpha)
         # (as _chain does for a match of each size)
         most = max(_chain_total(alphas[ngram - 1:min(cap, ngram + k_max - 1)], k_max)

@@ -40,11 +40,6 @@ class Target(Protocol):
     # then launched before this one is yielded (see :func:`rounds`).
 
 
-def _unplayed(draft):
-    """A proposal the round did not play (its call was launched as a plain step)."""
-    return type(draft)(source=draft.source)
-
-
 @dataclass(frozen=True)
 class Round:
     """Tokens one verification round emitted, with where each came from."""
@@ -135,30 +130,30 @@ def rounds(
     draft_source, target_source = Source.DRAFT, Source.TARGET
     n_ctx = target.n_ctx
 
-    def plan() -> tuple:
+    def plan(launched: float | None = None) -> tuple:
         """Propose the next round, bring the cache to it and (``ahead``) launch its call:
         ``(draft, tokens, q, seconds drafting, seconds of the target's so far, assured)``,
-        ``assured``: the round after it is a plain step (``plain_next``)."""
-        k = budget()
+        ``assured``: the round after it is a plain step (``plain_next``). ``launched``: the
+        seconds of a plain step already launched (:func:`launch_plain`); the proposal is then
+        the drafter's bookkeeping, made while the device computes, and the round stays plain
+        (nothing waited for the proposal: no drafting time)."""
+        # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
+        # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
+        k = min(draft_length, n_ctx - len(committed) - 1)
+        if max_new_tokens is not None:
+            k = min(k, max(max_new_tokens - emitted - 1, 0))
         t0 = time.perf_counter()
         draft = drafter.propose(committed, k, params, rng) if k > 0 else None
+        if launched is not None:
+            return draft, [], [], 0.0, launched, bool(plain_next(draft_length))
         tokens = draft.tokens[:k] if draft else []
         q = draft.q[: len(tokens)] if draft else []
         t1 = time.perf_counter()
         cache.sync(committed, len(committed) - 1)
         if ahead:
             start([committed[-1], *tokens], len(tokens) + 1, picks=as_picks)
-        t_target = time.perf_counter() - t1
-        return draft, tokens, q, t1 - t0, t_target, bool(
+        return draft, tokens, q, t1 - t0, time.perf_counter() - t1, bool(
             plain_next is not None and not tokens and plain_next(draft_length))
-
-    def budget() -> int:
-        # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
-        # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
-        k = min(draft_length, n_ctx - len(committed) - 1)
-        if max_new_tokens is not None:
-            k = min(k, max(max_new_tokens - emitted - 1, 0))
-        return k
 
     def launch_plain() -> float:
         """Launch a plain step the drafter assured (before its work on it); its seconds."""
@@ -166,16 +161,6 @@ def rounds(
         cache.sync(committed, len(committed) - 1)
         start([committed[-1]], 1, picks=as_picks)
         return time.perf_counter() - t1
-
-    def plan_launched(t_target: float) -> tuple:
-        """:func:`plan` for a plain step already launched: the drafter's proposal is its
-        bookkeeping (shadow lookup, choice), made while the device computes. Its drafting
-        time is not the round's: nothing waited for it."""
-        k = budget()
-        draft = drafter.propose(committed, k, params, rng) if k > 0 else None
-        if draft is not None and draft.tokens:  # (the bound behind plain_next is wrong)
-            draft = _unplayed(draft)
-        return draft, [], [], 0.0, t_target, bool(plain_next(draft_length))
 
     pending = None
     try:
@@ -222,7 +207,7 @@ def rounds(
                 if launched is not None:  # (finished on close even if proposing fails)
                     pending = (None, [], [], 0.0, launched, False)
                 try:
-                    pending = plan() if launched is None else plan_launched(launched)
+                    pending = plan(launched)
                 except Exception as err:  # raised once this round is delivered
                     failure = err
             # (from here on, on an asynchronous target, the device computes the next round)
