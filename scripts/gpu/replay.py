@@ -23,6 +23,10 @@ Prints tok/s and x none per prompt and overall, like ``bench``; ``--json`` keeps
 
 This is a model, not a measurement: check it against a lease's ``bench`` (run it with
 ``--tree`` on the commit that lease measured) before trusting what it says of new code.
+``--sweep`` and ``--machine`` replay on a lease's own GPU (its sweep's repeated and
+interleaved t(k), its bench's calibration); against the 2026-11-28 H100's bench the graph rule
+alone left each lone lookup round ~5 ms short, which ``--capture-ms 5`` charges at the capture
+(the draft model it still underprices by ~15%).
 
 The loop launches each round's call before it yields the last round, as on a GPU: the call's
 modelled time runs while the host works, and only what is left counts when the result is read
@@ -30,8 +34,9 @@ modelled time runs while the host works, and only what is left counts when the r
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
-       [--in-order]
-       [--prompt-file FILE] [--prompts ID,...] [--machine BENCH_JSON] [--ceiling]
+       [--policy-capture-ms MS] [--in-order]
+       [--prompt-file FILE] [--prompts ID,...] [--machine BENCH_JSON] [--sweep SWEEP_JSON]
+       [--ceiling]
        [--json FILE]
 """
 from __future__ import annotations
@@ -137,6 +142,17 @@ def measured_device(curve: dict[int, float], penalty: float) -> Device:
 def target_device() -> Device:
     return Device(lambda w: interpolate(TARGET_STEADY, w),
                   lambda w: interpolate(TARGET_SWITCHED, w) - interpolate(TARGET_STEADY, w))
+
+
+def sweep_devices(sweep: dict) -> tuple[Device, Device]:
+    """Target and draft devices from a ``bench --sweep`` result: steady costs from its
+    repeated widths, penalties from its interleaved ones (each call after another width)."""
+    steady = {int(n): t for n, t in sweep["target_curve_repeated"].items()}
+    switched = {int(n): t for n, t in sweep["target_curve"].items()}
+    scale = sweep["draft_cost_per_token"] / steady[1]
+    return (Device(lambda w: interpolate(steady, w),
+                   lambda w: max(interpolate(switched, w) - interpolate(steady, w), 0.0)),
+            Device(lambda w: scale * interpolate(steady, w), lambda w: DRAFT_PENALTY))
 
 
 def draft_device() -> Device:
@@ -320,10 +336,17 @@ def main() -> None:
     ap.add_argument("--calibration", choices=sorted(CALIBRATIONS), default="sweep")
     ap.add_argument("--capture-ms", type=float, default=0.0,
                     help="what a graph capture costs more than a call without one (target)")
+    ap.add_argument("--policy-capture-ms", type=float,
+                    help="the return penalty auto's calibration starts from (default: "
+                    "--capture-ms, as measure_return_penalty would find it here)")
     ap.add_argument("--machine", metavar="BENCH_JSON",
                     help="replay on the machine a bench results file calibrated (its target "
                     "curve, switch penalty and draft cost) instead of the H100: on a CPU, the "
                     "same choices as bench makes there without its timing noise")
+    ap.add_argument("--sweep", metavar="SWEEP_JSON",
+                    help="the GPU as a lease's `bench --sweep` measured it (its repeated and "
+                    "interleaved t(k), its draft cost) instead of the stop-33 H100; with "
+                    "--machine, auto's calibration is that file's and the devices this one's")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="each call's time times exp(N(0, JITTER)): a noisy machine")
     ap.add_argument("--drift", type=float, default=0.0,
@@ -372,6 +395,9 @@ def main() -> None:
         devices = (measured_device(points, penalty),  # (a draft call: n tokens, n x its cost)
                    measured_device({1: per_token, 2: 2 * per_token}, 0.0))
         where = f"the machine {args.machine} calibrated"
+    if args.sweep:
+        devices = sweep_devices(json.loads(Path(args.sweep).read_text())["sweep"])
+        where = f"the GPU {args.sweep} swept (graph rule as above)"
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
     target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
@@ -381,6 +407,10 @@ def main() -> None:
         noise_rng = np.random.default_rng(args.seed)
         target.device.noise = draft.device.noise = (noise_rng, args.jitter, args.drift)
     curve = CostCurve(dict(points), switch_penalty=penalty)
+    # (what a calibration there measures: measure_return_penalty finds the capture's cost in
+    # this model of the device; an older tree ignores it)
+    curve.return_penalty = (args.capture_ms if args.policy_capture_ms is None
+                            else args.policy_capture_ms) * 1e-3 if penalty else 0.0
     engine.costs = engine_module.Costs(curve, per_token, 0.0)
     prompts = load_prompts(args.prompt_file)
     if args.prompts:
