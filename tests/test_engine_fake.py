@@ -540,8 +540,9 @@ def test_exact_asks_for_a_fixed_width_only_where_kernels_follow_the_batch(monkey
 def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_batch(
         batch_dependent, monkeypatch):
     """With batch-dependent kernels (a GPU) a call that changes width can cost more (seen on an
-    H200: no replayed CUDA graph): the calibration measures that penalty apart from t(n). The
-    CPU's exact mode does not spend calls on it."""
+    H200: no replayed CUDA graph), and the second of a width more still (it captures one): the
+    calibration measures that penalty apart from t(n), and the return penalty (the capture
+    after a lone call of another width). The CPU's exact mode does not spend calls on them."""
     import time
 
     from edgespec.core import costs as costs_mod
@@ -551,11 +552,12 @@ def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_
     engine = build(drafter="auto")
     target = engine.target
     target.kernels = BATCH_DEPENDENT if batch_dependent else EXACT_PIECES
-    decode, last = target.decode, [None]
+    decode, last = target.decode, [None, 0]
 
-    def slow_decode(tokens, n_logits):  # 5 ms a call, 5 ms more after another width
-        time.sleep(0.005 + (0.005 if len(tokens) != last[0] else 0.0))
-        last[0] = len(tokens)
+    def slow_decode(tokens, n_logits):  # 5 ms a call, 5 ms more unless replayed, 5 to capture
+        run = last[1] if len(tokens) == last[0] else 0
+        time.sleep(0.005 + (0.0 if run >= 2 else 0.005 if run == 0 else 0.010))
+        last[:] = len(tokens), run + 1
         return decode(tokens, n_logits)
 
     monkeypatch.setattr(target, "decode", slow_decode)
@@ -566,8 +568,9 @@ def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_
     if batch_dependent:
         assert 0.003 < curve.switch_penalty < 0.008
         assert 0.004 < curve(1) < 0.008  # the steady cost, not the interleaved ~10 ms
+        assert 0.003 < curve.return_penalty < 0.009
     else:
-        assert steady_calls == [] and curve.switch_penalty == 0.0
+        assert steady_calls == [] and curve.switch_penalty == curve.return_penalty == 0.0
 
 
 def _widths_read(lm, skip=0):

@@ -106,6 +106,38 @@ def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int =
     return float(np.median(samples[1:]))
 
 
+def lone_round_times(target: Scorer, width: int, *, runs: int = 2,
+                     context: int = 32) -> list[float]:
+    """Seconds of a lone call of ``width`` among plain (single-token) calls, with the two plain
+    calls after it, one sample per run: three plain calls first (the third replays a graph
+    where the device keeps them), then, timed, the call of ``width`` and two plain calls."""
+    context = max(0, min(context, target.n_ctx - width - 1))
+    prefix = _filler(target, context)
+    one = _filler(target, 1)
+    samples = []
+    for _ in range(max(1, runs)):
+        for _ in range(3):
+            _timed_decode(target, prefix, one, 1)
+        samples.append(_timed_decode(target, prefix, _filler(target, width), width)
+                       + sum(_timed_decode(target, prefix, one, 1) for _ in range(2)))
+    return samples
+
+
+def measure_return_penalty(target: Scorer, curve: "CostCurve",
+                           widths: Sequence[int] = (5, 17), *, runs: int = 2,
+                           context: int = 32) -> float:
+    """Seconds a lone call of another width costs, with the two plain calls after it, beyond
+    what the curve says of them: its own call at t(w) + P and two penalised plain calls at
+    t(1) + P each (P: ``curve.switch_penalty``; t: the ``curve``'s steady costs). See
+    :attr:`CostCurve.return_penalty`. The median over ``runs`` samples of each of ``widths``
+    (:func:`lone_round_times`), at least 0 (a machine without graphs has nothing more to pay:
+    noise around 0)."""
+    samples = [total - curve(w) - 3.0 * curve.switch_penalty - 2.0 * curve(1)
+               for w in widths
+               for total in lone_round_times(target, w, runs=runs, context=context)]
+    return max(float(np.median(samples)), 0.0)
+
+
 def split_switch_penalty(interleaved: dict[int, float], steady_t1: float,
                          min_fraction: float = 0.1) -> tuple[dict[int, float], float]:
     """Interleaved measurements as (steady costs, switch penalty): the penalty is what t(1)
@@ -157,6 +189,12 @@ class CostCurve:
     #: seconds a call costs more when the call before it had another shape (see
     #: :func:`measure_steady`); the points are the costs of repeated shapes
     switch_penalty: float = 0.0
+    #: seconds a lone call of another width between plain steps costs beyond three switch
+    #: penalties (its own, and the two plain calls after it: one without a graph, one that
+    #: captures it): in llama.cpp's CUDA backend the capture of the plain step's graph and
+    #: the dearer first call after a replayed graph. 0 without a switch penalty. Measured by
+    #: :func:`measure_return_penalty`, refined by :meth:`observe_return`.
+    return_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -262,6 +300,13 @@ class CostCurve:
         running average that follows the machine's load. ``switched``: the call before it had
         another shape, so it paid the switch penalty, which is not part of t(n)."""
         if switched:
+            if n == 1 and self.switch_penalty and not self.width:
+                # A plain call that paid a penalty says little of t(1), which thousands of
+                # replayed plain steps measure, and much of the penalties: the capture after
+                # a lone round costs ~2.5 steps on an H100, and blended in (capped at 2 t(1))
+                # it raised t(1) by ~20% for a few steps, making drafting look cheaper just
+                # after it had cost the most. :meth:`observe_return` learns from it instead.
+                return
             seconds = max(seconds - self.switch_penalty, 1e-6)
         if self.width:
             n, seconds = self.width, seconds / self._calls(n)
@@ -289,6 +334,15 @@ class CostCurve:
             bisect.insort(self._ns, n)
             self._times = [self.points[m] for m in self._ns]
             self._times_array = self._weights = None
+
+
+    def observe_return(self, seconds: float) -> None:
+        """Blend in what a lone round from steady plain decoding cost beyond the curve: its own
+        call's time less t(w) + P and its two plain steps' times less t(1) + P each, less
+        nothing else (the sample of :attr:`return_penalty`). Capped at OUTLIER times the
+        estimate or t(1), whichever is more (a stalled call is not a penalty); at least 0."""
+        cap = OUTLIER * max(self.return_penalty, self(1))
+        self.return_penalty += _EMA * (min(max(seconds, 0.0), cap) - self.return_penalty)
 
 
 #: the most one observed call may differ from the curve, as a factor (CostCurve.observe)

@@ -103,39 +103,49 @@ def replays_graph(shape, last_shape: int | None, last_run: int):
     return (shape == last_shape) & (last_run >= 2)
 
 
-def settle_charge(penalty: float, last_shape: int | None, last_run: int) -> float:
+def settle_charge(penalty: float, last_shape: int | None, last_run: int,
+                  back: float = 0.0) -> float:
     """Penalties plain decoding still pays from here until its calls replay a graph: none once
     two plain calls ran in a row, one after a single plain call (its second call captures the
-    graph), two after any other width (a call without a graph, then the capture)."""
+    graph), two after any other width (a call without a graph, then the capture); with the
+    return penalty ``back`` (:attr:`~edgespec.core.costs.CostCurve.return_penalty`) wherever
+    the capture is still to come."""
     if last_shape == 1:
-        return 0.0 if last_run >= 2 else penalty if last_run == 1 else 2.0 * penalty
-    return 2.0 * penalty
+        return 0.0 if last_run >= 2 else penalty + back if last_run == 1 else (
+            2.0 * penalty + back)
+    return 2.0 * penalty + back
 
 
 def switch_charges(penalty: float, n: int, last_shape: int | None,
-                   last_run: int) -> tuple[np.ndarray, float]:
+                   last_run: int, back: float = 0.0) -> tuple[np.ndarray, float]:
     """Extra seconds a round of k = 1 .. n drafts costs on a target whose calls pay ``penalty``
     unless they are the third or later of their width in a row (CUDA graphs in the vendored
     llama.cpp: one graph per context, captured on the second call of a width and replayed
     from the third), after ``last_run`` calls of width ``last_shape``, as two parts:
 
     - its own call (array over k): P unless it continues a settled run of its width k + 1;
-    - the way back (one number): the round leaves plain decoding two penalties to settle (a
-      call of a new width, then the capture), where plain decoding now would have left
-      :func:`settle_charge`. A drafting stretch pays it once, when it ends.
+      where it is the second of its width it captures that width's graph, and pays the
+      return penalty ``back`` R too (a capture of a wide graph cost 2-10 ms more than a call
+      without one on the 2026-11-28 H100);
+    - the way back (one number): the round leaves plain decoding two penalties and R to
+      settle (a call of a new width, then the capture), where plain decoding now would
+      have left :func:`settle_charge`. A drafting stretch pays it once, when it ends.
 
-    From steady plain decoding a lone draft round adds 3P; within a settled stretch, the same
-    width adds nothing and another width P."""
+    From steady plain decoding a lone draft round adds 3P + R; within a settled stretch, the
+    same width adds nothing and another width P."""
     shapes = counts_upto(n + 1, start=2)
     own = penalty * ~replays_graph(shapes, last_shape, last_run)
-    return own, 2.0 * penalty - settle_charge(penalty, last_shape, last_run)
+    if back and last_run == 1 and last_shape is not None and 2 <= last_shape <= n + 1:
+        own[last_shape - 2] += back  # (the round at the last call's width captures)
+    return own, 2.0 * penalty + back - settle_charge(penalty, last_shape, last_run, back)
 
 
-def entry_charge(penalty: float, last_shape: int | None, last_run: int) -> float:
+def entry_charge(penalty: float, last_shape: int | None, last_run: int,
+                 back: float = 0.0) -> float:
     """What :func:`switch_charges` charges a round of any k from plain decoding or the
     prefill (``last_shape`` 1 or None), as one number: its own call is of a new width (P) and
     it adds the way back. The scalar that :meth:`Policy.choose`'s bound needs, without arrays."""
-    return 3.0 * penalty - settle_charge(penalty, last_shape, last_run)
+    return 3.0 * penalty + back - settle_charge(penalty, last_shape, last_run, back)
 
 
 #: Rounds one rating of the draft model serves while its inputs stay the same
@@ -349,8 +359,9 @@ class Policy:
         row. With a switch penalty P (a GPU), a round is charged what it adds in penalties
         (:func:`switch_charges`): a call pays P unless it is at least the third of its width
         in a row (llama.cpp's CUDA backend runs the first of a new width without a graph and
-        captures one on the second), and plain decoding pays again to settle after drafting.
-        Entering a stretch of drafting rounds and leaving it are shared by its rounds: a
+        captures one on the second), and plain decoding pays again to settle after drafting,
+        plus the curve's return penalty R (what a lone round cost beyond that on the device:
+        ~5 ms on the 2026-11-28 H100, where 3P was ~4 ms). Entering a stretch of drafting rounds and leaving it are shared by its rounds: a
         lookup round from plain decoding is charged them times (1 - ``continue_rate``), the
         chance that the round after it has no lookup draft to go on with, so over the
         stretch's expected length, and so is the graph's capture on a stretch's second round;
@@ -361,7 +372,7 @@ class Policy:
         the offer rate ran 3P dearer each with no stretch after them (0.89x of ``none`` on
         that prompt in ``scripts/gpu/replay.py``, against 1.01x). A draft model can always go
         on: its rounds are charged their own calls and not the way back. So a lone lookup
-        round from steady plain decoding costs 3P, a stretch of copying that goes on enters
+        round from steady plain decoding costs 3P + R, a stretch of copying that goes on enters
         at little cost and keeps its k, and plain decoding is rated at its steady cost.
 
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
@@ -403,7 +414,8 @@ class Policy:
         times = t.table(n + 1)[2:]  # times[k - 1] = t(k + 1): a round of k drafts
         own, back = np.zeros(n), 0.0
         if t.switch_penalty and not t.width:  # (a fixed width has one shape)
-            own, back = switch_charges(t.switch_penalty, n, last_shape, last_run)
+            own, back = switch_charges(t.switch_penalty, n, last_shape, last_run,
+                                       t.return_penalty)
         if rate_lookup:
             # entering a stretch, capturing its graph and leaving it are paid once: amortised
             # over its expected length; a change of width within one is paid in full (else
@@ -443,7 +455,8 @@ class Policy:
         least = max(t.lower_bound(2, n + 1), 1e-6) + self.lookup_cost.seconds
         penalty = t.switch_penalty if not t.width else 0.0
         if penalty and entering:  # every k pays the same entry
-            least += entry_charge(penalty, last_shape, last_run) * _share(continue_rate)
+            least += entry_charge(penalty, last_shape, last_run,
+                                  t.return_penalty) * _share(continue_rate)
         # (a hair of slack: the arrays' float rounding must never decide against the bound)
         return most / least > floor * (1.0 - 1e-9)
 
@@ -533,7 +546,7 @@ class Policy:
         most = max(_chain_total(alphas[ngram - 1:min(cap, ngram + k_max - 1)], k_max)
                    for ngram in range(1, cap + 1))
         if penalty:
-            least += entry_charge(penalty, 1, run) * _share(continue_rate)
+            least += entry_charge(penalty, 1, run, t.return_penalty) * _share(continue_rate)
         least += self.lookup_cost.seconds * (1.0 - self.lookup_cost.weight)
         return most / least <= floor
 

@@ -388,6 +388,8 @@ class AutoDrafter:
         #: how often lookup's first token was the one committed, per round (prior: never)
         self._hits = AcceptanceEstimate(0.0)
         self._holding = False  #: whether the last round was a held one
+        #: a lone round's cost beyond the curve so far, and plain steps seen after it (or None)
+        self._return: tuple[float, int] | None = None
 
     def propose(self, context, k, params, rng) -> Draft:
         t0 = time.perf_counter()
@@ -481,6 +483,26 @@ class AutoDrafter:
             lookup=upcoming >= realized.banned_until.get("lookup", 0), model=model,
             moved=shadow.ngram if shadow is not None and shadow.tokens else 0)
 
+    def _observe_return(self, shape: int, seconds: float) -> None:
+        """Follow a lone round from steady plain decoding to the end of its way back (two plain
+        steps) and give the curve what it cost beyond 3P and the curve's t
+        (:meth:`~edgespec.core.costs.CostCurve.observe_return`). Before the curve takes the
+        call in: the sample is against the curve the choice was made with."""
+        curve = self.policy.curve
+        extra = seconds - curve(shape) - curve.switch_penalty
+        if self._return is not None:
+            if shape != 1:  # a stretch went on: not a lone round
+                self._return = None
+                return
+            total, steps = self._return
+            if steps == 1:
+                self._return = None
+                curve.observe_return(total + extra)
+            else:
+                self._return = (total + extra, steps + 1)
+        elif shape != 1 and self._last_shape == 1 and self._run >= 2:
+            self._return = (extra, 0)
+
     def _may_hold(self) -> bool:
         """With HOLD_K set, whether this round is a held one: on a machine with a switch
         penalty, a draft model at hand, "hold" not set aside, and lookup right often enough
@@ -505,6 +527,8 @@ class AutoDrafter:
         n = outcome.drafted + 1
         shape = policy.curve.shape(n)
         replayed = replays_graph(shape, self._last_shape, self._run)
+        if policy.curve.switch_penalty and not policy.curve.width:
+            self._observe_return(shape, outcome.t_target)
         policy.curve.observe(n, outcome.t_target, switched=not replayed)
         self._last_shape, self._run = shape, self._run + 1 if shape == self._last_shape else 1
         shadow = self._shadow

@@ -21,6 +21,7 @@ from .. import config
 from ..core.costs import (
     CostCurve,
     measure_draft_cost,
+    measure_return_penalty,
     measure_steady,
     measure_target_curve,
     split_switch_penalty,
@@ -415,15 +416,18 @@ class Engine:
             curve = measure_target_curve(self.target, points, repeats=config.CALIBRATION_REPEATS,
                                          budget_s=config.CALIBRATION_BUDGET_S)
             penalty = 0.0
-            # A call that changes width costs more on a GPU (no replayed CUDA graph); the CPU's
-            # exact mode has no such effect, and a fixed width has one shape only.
+            # A call that changes width costs more on a GPU (no replayed CUDA graph), and the
+            # way back to plain decoding more still; the CPU's exact mode has no such effect,
+            # and a fixed width has one shape only.
             if not width and len(curve) > 1 and mode_of(self.target) == BATCH_DEPENDENT:
                 curve, penalty = split_switch_penalty(curve, measure_steady(self.target, 1))
+            target_curve = CostCurve(curve, width=width, switch_penalty=penalty)
+            if penalty:
+                target_curve.return_penalty = measure_return_penalty(self.target, target_curve)
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
                                              budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
                           if self.draft is not None else None)
-            self.costs = Costs(CostCurve(curve, width=width, switch_penalty=penalty), draft_cost,
-                               time.perf_counter() - start)
+            self.costs = Costs(target_curve, draft_cost, time.perf_counter() - start)
         return self.costs
 
     def _warm(self, upto: int, *, draft: bool) -> None:
