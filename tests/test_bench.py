@@ -483,6 +483,10 @@ class StubCosts:
         return 0.006 + 0.005 * (n - 1)
 
     @staticmethod
+    def lone_round_times(backend, width, runs=2):  # a lone call and two plain ones: 7 ms more
+        return [0.010 + 0.005 * (width - 1) + 2 * 0.010 + 0.007] * runs
+
+    @staticmethod
     def break_even_acceptance(curve, k, draft_cost=0.0):
         return 0.5 if draft_cost == 0 else math.inf
 
@@ -502,11 +506,14 @@ def test_sweep_table(monkeypatch):
     assert rows[2]["break_even_lookup"] == 0.5 and rows[2]["break_even_model"] == "never"
     assert sweep["draft_cost_per_token"] == 0.002
     assert rows[4]["t_repeated"] == pytest.approx(0.021)
+    assert rows[4]["t_lone"] == pytest.approx(0.052) and rows[4]["return"] == pytest.approx(0.007)
+    assert rows[1]["t_lone"] is None and rows[1]["return"] is None
     lines: list[str] = []
     print_sweep(sweep, lines.append)
     text = "\n".join(lines)
     assert "2.00 ms per drafted token" in text and "25.00" in text and "never" in text
     assert "repeated ms" in text and "21.00" in text
+    assert "return ms" in text and "52.00" in text and "7.00" in text
 
 
 def _gguf(tmp_path, kvs) -> Path:

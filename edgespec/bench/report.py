@@ -209,16 +209,21 @@ def print_sweep(sweep: dict, echo: Echo) -> None:
     def even(x):
         return x if isinstance(x, str) else _pct(x)
 
+    def ms(r, key):
+        return _num(1000 * r[key], "{:.2f}") if r.get(key) is not None else "-"
+
     rows = [[str(r["k"]), _num(1000 * r["t"], "{:.2f}"), _num(1000 * r["t_per_token"], "{:.2f}"),
-             _num(r["t_rel"], "{:.2f}"),
-             _num(1000 * r["t_repeated"], "{:.2f}") if r.get("t_repeated") is not None else "-",
+             _num(r["t_rel"], "{:.2f}"), ms(r, "t_repeated"), ms(r, "t_lone"), ms(r, "return"),
              even(r["break_even_lookup"]), even(r["break_even_model"])]
             for r in sweep["rows"]]
-    for line in table(["k", "t(k) ms", "t(k)/k ms", "t(k)/t(1)", "repeated ms",
-                       "break-even lookup", "break-even model"], rows, right=set(range(7))):
+    for line in table(["k", "t(k) ms", "t(k)/k ms", "t(k)/t(1)", "repeated ms", "lone ms",
+                       "return ms", "break-even lookup", "break-even model"], rows,
+                      right=set(range(9))):
         echo(line)
     echo("t(k): calls of each width in turn (every call follows another width); repeated: the "
-         "same width call after call (a GPU replays a captured graph then)")
+         "same width call after call (a GPU replays a captured graph then); lone: a call of "
+         "width k after plain steps and the two plain steps after it; return: what lone costs "
+         "beyond t(k) + 2 t(1), the return penalty auto charges a lone round")
     echo("break-even = per-token acceptance rate at which a round of k-1 drafts (k tokens scored) "
          "is as fast as plain decoding")
 

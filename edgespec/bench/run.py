@@ -530,8 +530,14 @@ def run_sweep(engine, sizes: Sequence[int] = SWEEP_SIZES, repeats: int = 3) -> d
     # CUDA graph), and the interleaved curve above pays that on every call
     steady = {k: costs.measure_steady(engine.target, k, calls=repeats + 1) for k in sorted(curve)}
     t1 = curve.get(1)
+    # a lone call of width k between plain steps, with the two plain calls after it, and what
+    # that costs beyond the interleaved t(k) and t(1) twice (each a steady cost plus P): the
+    # return penalty auto charges a lone round
+    lone = {k: statistics.median(costs.lone_round_times(engine.target, k, runs=repeats))
+            for k in sorted(curve) if k > 1} if t1 else {}
     rows = [{"k": k, "t": t, "t_per_token": t / k, "t_rel": t / t1 if t1 else None,
-             "t_repeated": steady[k],
+             "t_repeated": steady[k], "t_lone": lone.get(k),
+             "return": (lone[k] - t - 2.0 * t1) if k in lone else None,
              "break_even_lookup": break_even(k, 0.0), "break_even_model": break_even(k, draft_cost)}
             for k, t in sorted(curve.items())]
     return {"target_curve": {str(k): t for k, t in sorted(curve.items())},
@@ -602,6 +608,7 @@ def models_info(engine) -> dict:
         out["calibration"] = {
             "target_curve": {str(k): v for k, v in sorted(costs.target.points.items())},
             "switch_penalty": costs.target.switch_penalty,
+            "return_penalty": costs.target.return_penalty,
             "draft_per_token": costs.draft_per_token, "seconds": costs.calibration_seconds}
     return out
 

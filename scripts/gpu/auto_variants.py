@@ -11,6 +11,9 @@ prompt, interleaved (order rotated each repeat), and each variant changes one th
 - ``auto-noguard``: no check of what each source delivered (``policy.Realized``: a source
   whose rounds deliver less than plain steps sits out);
 - ``auto-nopenalty``: the width-switch penalty measured at calibration is not charged;
+- ``auto-noreturn``: no return penalty (``CostCurve.return_penalty`` at 0 and not learned):
+  the code before it, which charged a lone round 3P where the 2026-11-28 lease's ``bench``
+  fitted ~3P + 5 ms;
 - ``auto-workfirst``: no plain step launched before ``auto``'s work on it (``plain_next``
   always False: the code the 2026-11-28 lease measured, where ``auto``'s plain steps ran
   0.93-0.98x of ``none``);
@@ -47,8 +50,8 @@ from edgespec.core.sampling import SamplingParams  # noqa: E402
 from edgespec.runtime import drafters as drafters_module  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402
 
-VARIANTS = ("auto", "auto-workfirst", "auto-lookup", "auto-noreprobe", "auto-noguard",
-            "auto-nopenalty", "auto-hold", "auto-holdlong")
+VARIANTS = ("auto", "auto-noreturn", "auto-workfirst", "auto-lookup", "auto-noreprobe",
+            "auto-noguard", "auto-nopenalty", "auto-hold", "auto-holdlong")
 
 
 @contextlib.contextmanager
@@ -61,7 +64,7 @@ def variant(engine: Engine, name: str):
     saved_next = drafters_module.AutoDrafter.plain_next
     saved_long = drafters_module.AutoDrafter.HOLD_LONG
     curve = engine.costs.target
-    saved_penalty = curve.switch_penalty
+    saved_penalty, saved_return = curve.switch_penalty, curve.return_penalty
     try:
         if name == "auto-lookup":
             def no_model():
@@ -75,6 +78,9 @@ def variant(engine: Engine, name: str):
             policy_module.GUARD_FRACTION = 0.0
         elif name == "auto-nopenalty":
             curve.switch_penalty = 0.0
+        elif name == "auto-noreturn":
+            curve.return_penalty = 0.0
+            curve.observe_return = lambda seconds: None
         elif name == "auto-hold":
             drafters_module.AutoDrafter.HOLD_K = 4
         elif name == "auto-holdlong":
@@ -91,6 +97,9 @@ def variant(engine: Engine, name: str):
         drafters_module.AutoDrafter.plain_next = saved_next
         drafters_module.AutoDrafter.HOLD_LONG = saved_long
         curve.switch_penalty = saved_penalty
+        if name == "auto-noreturn":
+            del curve.observe_return
+            curve.return_penalty = saved_return
 
 
 def main() -> None:
@@ -110,7 +119,8 @@ def main() -> None:
     curve = costs.target
     print(f"calibration: t(1) {curve(1) * 1e3:.2f} ms, t(4) {curve(4) * 1e3:.2f}, t(8) "
           f"{curve(8) * 1e3:.2f}, t(16) {curve(16) * 1e3:.2f}, t(33) {curve(33) * 1e3:.2f}; "
-          f"switch penalty {curve.switch_penalty * 1e3:.2f} ms; draft "
+          f"switch penalty {curve.switch_penalty * 1e3:.2f} ms, return penalty "
+          f"{curve.return_penalty * 1e3:.2f} ms; draft "
           f"{(costs.draft_per_token or 0) * 1e3:.2f} ms/token", flush=True)
     runner = EdgespecRunner(engine)
     greedy = SamplingParams(temperature=0.0)
@@ -161,7 +171,8 @@ def main() -> None:
     if a.json:
         Path(a.json).write_text(json.dumps({"calibration": {
             "points": {str(k): v for k, v in curve.points.items()} if hasattr(curve, "points") else None,
-            "switch_penalty": curve.switch_penalty, "draft_per_token": costs.draft_per_token},
+            "switch_penalty": curve.switch_penalty, "return_penalty": curve.return_penalty,
+            "draft_per_token": costs.draft_per_token},
             "runs": runs}, indent=1))
 
 

@@ -31,7 +31,9 @@
 # commit the lease ran) replays the same prompts on the virtual H100 (add `--prompt-file
 # scripts/gpu/heldout.jsonl` for section 2b's). Set its figures against bench_greedy.txt's
 # and bench_heldout.txt's: where they part, the cost model needs the lease's numbers
-# (TARGET_*, DRAFT_* in replay.py; --capture-ms).
+# (`--sweep /tmp/r/sweep.json --machine /tmp/r/bench_greedy.json`: the lease's own GPU and
+# calibration; --capture-ms: 5 fitted the 2026-11-28 lease's lookup runs). Section 3's
+# auto-noreturn and the sweep's `return ms` column say whether the return penalty holds.
 set -u
 BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
 OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
