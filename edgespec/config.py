@@ -17,6 +17,9 @@ CALIBRATION_BUDGET_S = 0.4
 CALIBRATION_REPEATS = 5
 #: the draft model's per-token cost: repeated runs of 3 tokens while they fit (one on a small CPU)
 DRAFT_CALIBRATION_BUDGET_S = 0.05
+#: the return penalty's lone rounds (six calls each, where a switch penalty was measured): all
+#: four on a GPU (~70 ms), one where calls are slow (RPC workers)
+RETURN_CALIBRATION_BUDGET_S = 0.1
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_TOKENS = 512

@@ -520,6 +520,11 @@ def test_the_return_penalty_is_what_a_lone_call_costs_beyond_three_switch_penalt
         points, penalty = split_switch_penalty(interleaved, measure_steady(clock, 1))
         curve = CostCurve(points, switch_penalty=penalty)
         assert lo <= measure_return_penalty(clock, curve, (4,), runs=1) < hi
+    # within a budget: one lone round (six calls) where calls are slow, however many were asked
+    calls, decode = [], clock.decode
+    clock.decode = lambda tokens, n: calls.append(len(tokens)) or decode(tokens, n)
+    measure_return_penalty(clock, curve, (4, 6), runs=3, budget_s=0.0)
+    assert calls == [1, 1, 1, 4, 1, 1]
 
 
 def test_with_a_switch_penalty_drafting_keeps_its_width_and_lone_drafts_must_win_more():

@@ -125,16 +125,21 @@ def lone_round_times(target: Scorer, width: int, *, runs: int = 2,
 
 def measure_return_penalty(target: Scorer, curve: "CostCurve",
                            widths: Sequence[int] = (5, 17), *, runs: int = 2,
-                           context: int = 32) -> float:
+                           context: int = 32, budget_s: float | None = None) -> float:
     """Seconds a lone call of another width costs, with the two plain calls after it, beyond
     what the curve says of them: its own call at t(w) + P and two penalised plain calls at
     t(1) + P each (P: ``curve.switch_penalty``; t: the ``curve``'s steady costs). See
-    :attr:`CostCurve.return_penalty`. The median over ``runs`` samples of each of ``widths``
-    (:func:`lone_round_times`), at least 0 (a machine without graphs has nothing more to pay:
-    noise around 0)."""
-    samples = [total - curve(w) - 3.0 * curve.switch_penalty - 2.0 * curve(1)
-               for w in widths
-               for total in lone_round_times(target, w, runs=runs, context=context)]
+    :attr:`CostCurve.return_penalty`. The median over ``runs`` passes over ``widths``
+    (:func:`lone_round_times`), as far as ``budget_s`` goes (the first sample always), at
+    least 0 (a machine without graphs has nothing more to pay: noise around 0)."""
+    samples = []
+    start = time.perf_counter()
+    for _ in range(max(1, runs)):
+        for w in widths:
+            total = lone_round_times(target, w, runs=1, context=context)[0]
+            samples.append(total - curve(w) - 3.0 * curve.switch_penalty - 2.0 * curve(1))
+            if budget_s is not None and time.perf_counter() - start > budget_s:
+                return max(float(np.median(samples)), 0.0)
     return max(float(np.median(samples)), 0.0)
 
 

@@ -423,7 +423,8 @@ class Engine:
                 curve, penalty = split_switch_penalty(curve, measure_steady(self.target, 1))
             target_curve = CostCurve(curve, width=width, switch_penalty=penalty)
             if penalty:
-                target_curve.return_penalty = measure_return_penalty(self.target, target_curve)
+                target_curve.return_penalty = measure_return_penalty(
+                    self.target, target_curve, budget_s=config.RETURN_CALIBRATION_BUDGET_S)
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
                                              budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
                           if self.draft is not None else None)

@@ -34,7 +34,7 @@ modelled time runs while the host works, and only what is left counts when the r
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
-       [--policy-capture-ms MS] [--in-order]
+       [--policy-capture-ms MS] [--draft-scale X] [--auto-set NAME=VALUE] [--in-order]
        [--prompt-file FILE] [--prompts ID,...] [--machine BENCH_JSON] [--sweep SWEEP_JSON]
        [--ceiling]
        [--json FILE]
@@ -347,6 +347,12 @@ def main() -> None:
                     help="the GPU as a lease's `bench --sweep` measured it (its repeated and "
                     "interleaved t(k), its draft cost) instead of the stop-33 H100; with "
                     "--machine, auto's calibration is that file's and the devices this one's")
+    ap.add_argument("--draft-scale", type=float, default=1.0,
+                    help="the draft model's calls cost this many times the model's price "
+                    "(1.2 fitted the 2026-11-28 H100 lease's model and hybrid runs)")
+    ap.add_argument("--auto-set", action="append", default=[], metavar="NAME=VALUE",
+                    help="set an AutoDrafter class attribute for the run (e.g. HOLD_K=4): "
+                    "the variants auto_variants.py measures on a GPU")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="each call's time times exp(N(0, JITTER)): a noisy machine")
     ap.add_argument("--drift", type=float, default=0.0,
@@ -398,6 +404,15 @@ def main() -> None:
     if args.sweep:
         devices = sweep_devices(json.loads(Path(args.sweep).read_text())["sweep"])
         where = f"the GPU {args.sweep} swept (graph rule as above)"
+    if args.draft_scale != 1.0:
+        scaled = devices[1]
+        steady, penalty_of = scaled.steady, scaled.penalty
+        scaled.steady = lambda w: args.draft_scale * steady(w)
+        scaled.penalty = lambda w: args.draft_scale * penalty_of(w)
+    for setting in args.auto_set:
+        name, value = setting.split("=", 1)
+        setattr(drafters_module.AutoDrafter, name, type(getattr(
+            drafters_module.AutoDrafter, name))(value if value not in ("0", "False") else 0))
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
     target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
