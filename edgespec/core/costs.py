@@ -302,8 +302,9 @@ class CostCurve:
     def observe(self, n: int, seconds: float, switched: bool = False) -> None:
         """Blend in the time a real call of n tokens took: a plain mean over the first few
         observations (one noisy calibration sample must not outweigh real rounds), then a
-        running average that follows the machine's load. ``switched``: the call before it had
-        another shape, so it paid the switch penalty, which is not part of t(n)."""
+        running average that follows the machine's load. ``switched``: the call replayed no
+        graph (the first or second of its width in a row), so it paid the switch penalty,
+        which is not part of t(n)."""
         if switched:
             if n == 1 and self.switch_penalty and not self.width:
                 # A plain call that paid a penalty says little of t(1), which thousands of
@@ -340,12 +341,11 @@ class CostCurve:
             self._times = [self.points[m] for m in self._ns]
             self._times_array = self._weights = None
 
-
     def observe_return(self, seconds: float) -> None:
-        """Blend in what a lone round from steady plain decoding cost beyond the curve: its own
-        call's time less t(w) + P and its two plain steps' times less t(1) + P each, less
-        nothing else (the sample of :attr:`return_penalty`). Capped at OUTLIER times the
-        estimate or t(1), whichever is more (a stalled call is not a penalty); at least 0."""
+        """Blend in a sample of :attr:`return_penalty`: what a lone round from steady plain
+        decoding cost beyond the curve (its own call's time less t(w) + P, its two plain
+        steps' times less t(1) + P each). Capped at OUTLIER times the estimate or t(1),
+        whichever is more (a stalled call is not a penalty); at least 0."""
         cap = OUTLIER * max(self.return_penalty, self(1))
         self.return_penalty += _EMA * (min(max(seconds, 0.0), cap) - self.return_penalty)
 

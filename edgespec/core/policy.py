@@ -361,8 +361,8 @@ class Policy:
         in a row (llama.cpp's CUDA backend runs the first of a new width without a graph and
         captures one on the second), and plain decoding pays again to settle after drafting,
         plus the curve's return penalty R (what a lone round cost beyond that on the device:
-        ~5 ms on the 2026-11-28 H100, where 3P was ~4 ms). Entering a stretch of drafting rounds and leaving it are shared by its rounds: a
-        lookup round from plain decoding is charged them times (1 - ``continue_rate``), the
+        ~5 ms on the 2026-11-28 H100, where 3P was ~4 ms). Entering a stretch of drafting
+        rounds and leaving it are shared by its rounds: a lookup round from plain decoding is charged them times (1 - ``continue_rate``), the
         chance that the round after it has no lookup draft to go on with, so over the
         stretch's expected length, and so is the graph's capture on a stretch's second round;
         a change of width within a stretch is charged in full. The chance is what happened
