@@ -1287,3 +1287,23 @@ def test_a_plain_step_one_lookup_success_from_a_draft_is_not_assured():
             if found == 2:
                 break
     assert found == 2  # (rare: two of the 3000 states of this seed)
+
+
+def test_the_model_bound_holds_for_every_k_and_declines_the_prior_on_an_h100():
+    """_most_model_rate is never below the best k's rate (2,000 random cases, alpha 1 among
+    them), and it declines what the 2026-11-28 H100's calibration offered the draft model at
+    its prior: t(2) 2.38 ms, P 1.40, 1.15 ms a drafted token, plain at 2.06 ms (with the 3%
+    margin), where the longest draft's tokens over one drafted token's time did not."""
+    from edgespec.core.costs import expected_tokens
+    from edgespec.core.policy import MARGIN, _most_model_rate
+
+    rng = np.random.default_rng(7)
+    for i in range(2000):
+        alpha = 1.0 if i % 10 == 0 else float(rng.uniform(0.0, 0.999))
+        base, per_token = float(rng.uniform(0.2e-3, 10e-3)), float(rng.uniform(0.05e-3, 5e-3))
+        k_max = int(rng.integers(1, 65))
+        best = max(expected_tokens(alpha, k) / (base + k * per_token) for k in range(1, k_max + 1))
+        assert _most_model_rate(alpha, base, per_token, k_max) >= best * (1 - 1e-12)
+    floor = (1 + MARGIN) / 2.06e-3
+    assert _most_model_rate(0.6, 2.38e-3 + 1.40e-3, 1.15e-3, 32) < floor
+    assert expected_tokens(0.6, 32) / (2.38e-3 + 1.40e-3 + 1.15e-3) > floor  # (the old bound)

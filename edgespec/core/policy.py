@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import DEFAULT_MAX_NGRAM
-from .costs import CostCurve, counts_upto, expected_tokens, expected_tokens_upto
+from .costs import CostCurve, counts_upto, expected_tokens_upto
 
 #: Drafting must promise this much more than plain decoding before it is chosen.
 MARGIN = 0.03
@@ -275,6 +275,19 @@ def _chain_array(young: list[float], k_max: int) -> np.ndarray:
     return alphas
 
 
+def _most_model_rate(alpha: float, base: float, per_token: float, k_max: int) -> float:
+    """An upper bound on a draft-model round's rate E(alpha, k) / (base + k per_token) over
+    k = 1 .. ``k_max`` (``base``: no more than the round's target call and penalties). E is
+    at most min(k + 1, 1 / (1 - alpha)), and that over a line in k only rises then falls (or
+    only falls), so the bound is its value at k = 1 or where k + 1 reaches 1 / (1 - alpha).
+    The longest draft's tokens over one drafted token's time, the bound before, let the
+    model's prior (0.6) look like paying on the 2026-11-28 H100's calibration (0.51 against
+    a floor of 0.50 tokens/ms) where no k came near (0.32 at best)."""
+    cap = 1.0 / (1.0 - alpha) if alpha < 1.0 else float(k_max + 1)
+    k = min(max(cap - 1.0, 1.0), float(k_max))
+    return max(min(2.0, cap) / (base + per_token), min(k + 1.0, cap) / (base + k * per_token))
+
+
 def _share(continue_rate: float) -> float:
     """The part of a stretch's once-paid penalties (entry, capture, way back) that one lookup
     round is charged: 1 - ``continue_rate`` (how often a lookup round had a lookup draft to go
@@ -462,19 +475,19 @@ class Policy:
 
     def _model_may_pay(self, n: int, floor: float, last_shape: int | None,
                        last_run: int) -> bool:
-        """False where no draft-model round of 1 .. n tokens can rate above ``floor``: the most
-        tokens any of them promises (the longest's) over the least time any takes, which is
-        the curve's least t over their widths, one drafted token, and the switch penalty
-        where none of their widths would replay a graph. Rating every k costs 20-50 µs in the
-        loop (the curve's row, the penalties, the expected tokens: cold arrays after a
-        decode), and on a GPU the model loses from plain decoding at its prior acceptance,
+        """False where no draft-model round of 1 .. n tokens can rate above ``floor``
+        (:func:`_most_model_rate`, with the curve's least t over their widths and the switch
+        penalty where none of their widths would replay a graph). Rating every k costs 20-50
+        µs in the loop (the curve's row, the penalties, the expected tokens: cold arrays after
+        a decode), and on a GPU the model loses from plain decoding at its prior acceptance,
         so this is most of the rounds that rate it."""
         t = self.curve
-        least = max(t.lower_bound(2, n + 1), 1e-6) + self.draft_cost.seconds
+        least = max(t.lower_bound(2, n + 1), 1e-6)
         if t.switch_penalty and not t.width and not (
                 last_shape is not None and 2 <= last_shape <= n + 1 and last_run >= 2):
             least += t.switch_penalty
-        return expected_tokens(self.model.alpha, n) / least > floor * (1.0 - 1e-9)
+        return _most_model_rate(self.model.alpha, least, self.draft_cost.seconds,
+                                n) > floor * (1.0 - 1e-9)
 
     def _model_key(self, n: int, last_shape: int | None, last_run: int) -> tuple:
         """The inputs a rating of the draft model for drafts of up to ``n`` tokens rests on
@@ -532,8 +545,8 @@ class Policy:
             cached = self._model_option
             if cached is not None and cached[2][1] > floor:
                 return False  # a rating that may still serve and would win
-            if expected_tokens(self.model.alpha, k_max) / (
-                    least + self.draft_cost.seconds + penalty) > floor:
+            if _most_model_rate(self.model.alpha, least + penalty, self.draft_cost.seconds,
+                                k_max) > floor:
                 return False
         if not lookup:
             return True
