@@ -23,6 +23,7 @@ from edgespec.bench.prompts import (
     select_prompts,
 )
 from edgespec.bench.reference import _Recorder, measure
+from edgespec.core.costs import split_switch_penalty as real_split_switch_penalty
 from edgespec.bench.run import (
     Config,
     EdgespecRunner,
@@ -486,6 +487,8 @@ class StubCosts:
     def lone_round_times(backend, width, runs=2):  # a lone call and two plain ones: 7 ms more
         return [0.010 + 0.005 * (width - 1) + 2 * 0.010 + 0.007] * runs
 
+    split_switch_penalty = staticmethod(real_split_switch_penalty)  # (the real rule)
+
     @staticmethod
     def break_even_acceptance(curve, k, draft_cost=0.0):
         return 0.5 if draft_cost == 0 else math.inf
@@ -514,6 +517,10 @@ def test_sweep_table(monkeypatch):
     assert "2.00 ms per drafted token" in text and "25.00" in text and "never" in text
     assert "repeated ms" in text and "21.00" in text
     assert "return ms" in text and "52.00" in text and "7.00" in text
+    # a CPU (a repeated width no cheaper, beyond noise): no lone rounds measured
+    monkeypatch.setattr(StubCosts, "measure_steady", staticmethod(lambda b, n=1, calls=4: 0.0099))
+    sweep = run_sweep(Engine(target, draft, drafter="hybrid"), sizes=(1, 2, 4), repeats=1)
+    assert all(r["t_lone"] is None and r["return"] is None for r in sweep["rows"])
 
 
 def _gguf(tmp_path, kvs) -> Path:

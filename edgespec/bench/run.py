@@ -530,11 +530,13 @@ def run_sweep(engine, sizes: Sequence[int] = SWEEP_SIZES, repeats: int = 3) -> d
     # CUDA graph), and the interleaved curve above pays that on every call
     steady = {k: costs.measure_steady(engine.target, k, calls=repeats + 1) for k in sorted(curve)}
     t1 = curve.get(1)
-    # a lone call of width k between plain steps, with the two plain calls after it, and what
-    # that costs beyond the interleaved t(k) and t(1) twice (each a steady cost plus P): the
-    # return penalty auto charges a lone round
+    # where a changed width costs more (as the engine's calibration decides it: a GPU), a lone
+    # call of width k between plain steps with the two plain calls after it, and what that
+    # costs beyond the interleaved t(k) and t(1) twice (each a steady cost plus P): the
+    # return penalty auto charges a lone round (on a CPU only noise: not measured)
+    penalised = bool(t1) and costs.split_switch_penalty(curve, steady[1])[1] > 0
     lone = {k: statistics.median(costs.lone_round_times(engine.target, k, runs=repeats))
-            for k in sorted(curve) if k > 1} if t1 else {}
+            for k in sorted(curve) if k > 1} if penalised else {}
     rows = [{"k": k, "t": t, "t_per_token": t / k, "t_rel": t / t1 if t1 else None,
              "t_repeated": steady[k], "t_lone": lone.get(k),
              "return": (lone[k] - t - 2.0 * t1) if k in lone else None,
