@@ -23,6 +23,7 @@ from edgespec.bench.prompts import (
     select_prompts,
 )
 from edgespec.bench.reference import _Recorder, measure
+from edgespec.core.costs import return_excess as real_return_excess
 from edgespec.core.costs import split_switch_penalty as real_split_switch_penalty
 from edgespec.bench.run import (
     Config,
@@ -484,8 +485,10 @@ class StubCosts:
         return 0.006 + 0.005 * (n - 1)
 
     @staticmethod
-    def lone_round_times(backend, width, runs=2):  # a lone call and two plain ones: 7 ms more
-        return [0.010 + 0.005 * (width - 1) + 2 * 0.010 + 0.007] * runs
+    def lone_round_time(backend, width):  # a lone call and two plain ones: 7 ms more
+        return 0.010 + 0.005 * (width - 1) + 2 * 0.010 + 0.007
+
+    return_excess = staticmethod(real_return_excess)  # (the real rule)
 
     split_switch_penalty = staticmethod(real_split_switch_penalty)  # (the real rule)
 

@@ -535,11 +535,12 @@ def run_sweep(engine, sizes: Sequence[int] = SWEEP_SIZES, repeats: int = 3) -> d
     # costs beyond the interleaved t(k) and t(1) twice (each a steady cost plus P): the
     # return penalty auto charges a lone round (on a CPU only noise: not measured)
     penalised = bool(t1) and costs.split_switch_penalty(curve, steady[1])[1] > 0
-    lone = {k: statistics.median(costs.lone_round_times(engine.target, k, runs=repeats))
+    lone = {k: statistics.median(costs.lone_round_time(engine.target, k)
+                                 for _ in range(repeats))
             for k in sorted(curve) if k > 1} if penalised else {}
     rows = [{"k": k, "t": t, "t_per_token": t / k, "t_rel": t / t1 if t1 else None,
              "t_repeated": steady[k], "t_lone": lone.get(k),
-             "return": (lone[k] - t - 2.0 * t1) if k in lone else None,
+             "return": costs.return_excess(lone[k], t, t1) if k in lone else None,
              "break_even_lookup": break_even(k, 0.0), "break_even_model": break_even(k, draft_cost)}
             for k, t in sorted(curve.items())]
     return {"target_curve": {str(k): t for k, t in sorted(curve.items())},

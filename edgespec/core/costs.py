@@ -106,38 +106,42 @@ def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int =
     return float(np.median(samples[1:]))
 
 
-def lone_round_times(target: Scorer, width: int, *, runs: int = 2,
-                     context: int = 32) -> list[float]:
+def lone_round_time(target: Scorer, width: int, *, context: int = 32) -> float:
     """Seconds of a lone call of ``width`` among plain (single-token) calls, with the two plain
-    calls after it, one sample per run: three plain calls first (the third replays a graph
-    where the device keeps them), then, timed, the call of ``width`` and two plain calls."""
+    calls after it: three plain calls first (the third replays a graph where the device keeps
+    them), then, timed, the call of ``width`` and two plain calls."""
     context = max(0, min(context, target.n_ctx - width - 1))
     prefix = _filler(target, context)
     one = _filler(target, 1)
-    samples = []
-    for _ in range(max(1, runs)):
-        for _ in range(3):
-            _timed_decode(target, prefix, one, 1)
-        samples.append(_timed_decode(target, prefix, _filler(target, width), width)
-                       + sum(_timed_decode(target, prefix, one, 1) for _ in range(2)))
-    return samples
+    for _ in range(3):
+        _timed_decode(target, prefix, one, 1)
+    return (_timed_decode(target, prefix, _filler(target, width), width)
+            + sum(_timed_decode(target, prefix, one, 1) for _ in range(2)))
+
+
+def return_excess(lone: float, switched_w: float, switched_1: float) -> float:
+    """What a lone round (:func:`lone_round_time`) cost beyond its call and its two plain calls
+    at their switched prices (steady cost plus the switch penalty P each): the sample of
+    :attr:`CostCurve.return_penalty`."""
+    return lone - switched_w - 2.0 * switched_1
 
 
 def measure_return_penalty(target: Scorer, curve: "CostCurve",
                            widths: Sequence[int] = (5, 17), *, runs: int = 2,
                            context: int = 32, budget_s: float | None = None) -> float:
     """Seconds a lone call of another width costs, with the two plain calls after it, beyond
-    what the curve says of them: its own call at t(w) + P and two penalised plain calls at
-    t(1) + P each (P: ``curve.switch_penalty``; t: the ``curve``'s steady costs). See
-    :attr:`CostCurve.return_penalty`. The median over ``runs`` passes over ``widths``
-    (:func:`lone_round_times`), as far as ``budget_s`` goes (the first sample always), at
-    least 0 (a machine without graphs has nothing more to pay: noise around 0)."""
+    what the curve says of them (:func:`return_excess`, t(w) + P and t(1) + P; P:
+    ``curve.switch_penalty``, t: the ``curve``'s steady costs). See
+    :attr:`CostCurve.return_penalty`. The median over ``runs`` passes over ``widths``, as far
+    as ``budget_s`` goes (the first sample always), at least 0 (a machine without graphs has
+    nothing more to pay: noise around 0)."""
+    penalty = curve.switch_penalty
     samples = []
     start = time.perf_counter()
     for _ in range(max(1, runs)):
         for w in widths:
-            total = lone_round_times(target, w, runs=1, context=context)[0]
-            samples.append(total - curve(w) - 3.0 * curve.switch_penalty - 2.0 * curve(1))
+            samples.append(return_excess(lone_round_time(target, w, context=context),
+                                         curve(w) + penalty, curve(1) + penalty))
             if budget_s is not None and time.perf_counter() - start > budget_s:
                 return max(float(np.median(samples)), 0.0)
     return max(float(np.median(samples)), 0.0)

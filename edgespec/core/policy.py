@@ -110,9 +110,10 @@ def settle_charge(penalty: float, last_shape: int | None, last_run: int,
     graph), two after any other width (a call without a graph, then the capture); with the
     return penalty ``back`` (:attr:`~edgespec.core.costs.CostCurve.return_penalty`) wherever
     the capture is still to come."""
-    if last_shape == 1:
-        return 0.0 if last_run >= 2 else penalty + back if last_run == 1 else (
-            2.0 * penalty + back)
+    if last_shape == 1 and last_run >= 2:
+        return 0.0
+    if last_shape == 1 and last_run == 1:
+        return penalty + back
     return 2.0 * penalty + back
 
 

@@ -25,8 +25,8 @@ This is a model, not a measurement: check it against a lease's ``bench`` (run it
 ``--tree`` on the commit that lease measured) before trusting what it says of new code.
 ``--sweep`` and ``--machine`` replay on a lease's own GPU (its sweep's repeated and
 interleaved t(k), its bench's calibration); against the 2026-11-28 H100's bench the graph rule
-alone left each lone lookup round ~5 ms short, which ``--capture-ms 5`` charges at the capture
-(the draft model it still underprices by ~15%).
+alone left each lone lookup round ~5 ms short, which ``--capture-ms 5`` charges at the capture,
+and priced the draft model's calls ~20% low, which ``--draft-scale 1.2`` corrects.
 
 The loop launches each round's call before it yields the last round, as on a GPU: the call's
 modelled time runs while the host works, and only what is left counts when the result is read
@@ -42,6 +42,7 @@ Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [
 from __future__ import annotations
 
 import argparse
+import ast
 import bisect
 import json
 import math
@@ -411,8 +412,8 @@ def main() -> None:
         scaled.penalty = lambda w: args.draft_scale * penalty_of(w)
     for setting in args.auto_set:
         name, value = setting.split("=", 1)
-        setattr(drafters_module.AutoDrafter, name, type(getattr(
-            drafters_module.AutoDrafter, name))(value if value not in ("0", "False") else 0))
+        getattr(drafters_module.AutoDrafter, name)  # (an attribute it has: a typo fails here)
+        setattr(drafters_module.AutoDrafter, name, ast.literal_eval(value))
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
     target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
