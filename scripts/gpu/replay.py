@@ -27,6 +27,10 @@ This is a model, not a measurement: check it against a lease's ``bench`` (run it
 interleaved t(k), its bench's calibration); against the 2026-11-28 H100's bench the graph rule
 alone left each lone lookup round ~5 ms short, which ``--capture-ms 5`` charges at the capture,
 and priced the draft model's calls ~20% low, which ``--draft-scale 1.2`` corrects.
+``--fixed-width W`` replays the exact mode (``bench --exact``): every target call W wide, one
+shape, ceil(n / W) calls of t(W) from ``--machine``'s calibration; on that lease's
+``bench_exact.json`` (W = 8) it gave ``lookup`` 1.57x, ``model`` 1.50x and ``auto`` 1.65x of
+``none`` where the lease measured 1.58x, 1.53x and 1.64x, with no scaling.
 
 The loop launches each round's call before it yields the last round, as on a GPU: the call's
 modelled time runs while the host works, and only what is left counts when the result is read
@@ -34,7 +38,8 @@ modelled time runs while the host works, and only what is left counts when the r
 
 Usage: python scripts/gpu/replay.py [--drafters none,lookup,model,hybrid,auto] [-r 2]
        [-n 128] [--tree DIR] [--memo FILE] [--calibration sweep|bench] [--capture-ms MS]
-       [--policy-capture-ms MS] [--draft-scale X] [--auto-set NAME=VALUE] [--in-order]
+       [--policy-capture-ms MS] [--fixed-width W] [--draft-scale X] [--auto-set NAME=VALUE]
+       [--in-order]
        [--prompt-file FILE] [--prompts ID,...] [--machine BENCH_JSON] [--sweep SWEEP_JSON]
        [--ceiling]
        [--json FILE]
@@ -348,6 +353,11 @@ def main() -> None:
                     help="the GPU as a lease's `bench --sweep` measured it (its repeated and "
                     "interleaved t(k), its draft cost) instead of the stop-33 H100; with "
                     "--machine, auto's calibration is that file's and the devices this one's")
+    ap.add_argument("--fixed-width", type=int, default=0, metavar="W",
+                    help="the target at a fixed width (exact mode, bench --exact): every call "
+                    "costs ceil(n / W) calls of t(W), one shape, never a switch penalty; t(W) "
+                    "from --machine's calibration (a bench --exact results file); the draft "
+                    "model keeps the graph rule")
     ap.add_argument("--draft-scale", type=float, default=1.0,
                     help="the draft model's calls cost this many times the model's price "
                     "(1.2 fitted the 2026-11-28 H100 lease's model and hybrid runs)")
@@ -402,6 +412,14 @@ def main() -> None:
         devices = (measured_device(points, penalty),  # (a draft call: n tokens, n x its cost)
                    measured_device({1: per_token, 2: 2 * per_token}, 0.0))
         where = f"the machine {args.machine} calibrated"
+    if args.fixed_width:
+        per_call = (points[args.fixed_width] if args.fixed_width in points
+                    else interpolate(points, args.fixed_width))
+        points, penalty = {args.fixed_width: per_call}, 0.0
+        devices = (Device(lambda w: -(-w // args.fixed_width) * per_call, lambda w: 0.0),
+                   Device(lambda w: per_token / TARGET_STEADY[1] * interpolate(TARGET_STEADY, w),
+                          lambda w: DRAFT_PENALTY))
+        where = f"a fixed width of {args.fixed_width} on {args.machine or 'the H100'}"
     if args.sweep:
         devices = sweep_devices(json.loads(Path(args.sweep).read_text())["sweep"])
         where = f"the GPU {args.sweep} swept (graph rule as above)"
@@ -416,13 +434,15 @@ def main() -> None:
         setattr(drafters_module.AutoDrafter, name, ast.literal_eval(value))
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
-    target.graph_shapes = draft.graph_shapes = bool(penalty)  # (as the backend has it)
-    target.asynchronous = draft.asynchronous = not args.in_order and bool(penalty)
+    target.graph_shapes = bool(penalty)  # (as the backend has it)
+    draft.graph_shapes = bool(penalty) or bool(args.fixed_width)
+    on_gpu = bool(penalty) or bool(args.fixed_width)
+    target.asynchronous = draft.asynchronous = not args.in_order and on_gpu
     target.device.capture_cost = args.capture_ms * 1e-3
     if args.jitter or args.drift:
         noise_rng = np.random.default_rng(args.seed)
         target.device.noise = draft.device.noise = (noise_rng, args.jitter, args.drift)
-    curve = CostCurve(dict(points), switch_penalty=penalty)
+    curve = CostCurve(dict(points), width=args.fixed_width, switch_penalty=penalty)
     # (what a calibration there measures: measure_return_penalty finds the capture's cost in
     # this model of the device; an older tree ignores it)
     curve.return_penalty = (args.capture_ms if args.policy_capture_ms is None
