@@ -406,7 +406,8 @@ class _CountingPolicy(Policy):
 
 
 class _RecordingModel:
-    """A stand-in for the draft model drafter: records when auto asks it for a draft."""
+    """A stand-in for the draft model drafter: records when auto asks it for a draft; always
+    in step with the text (nothing to read first), its calls at the price it is rated at."""
 
     def __init__(self) -> None:
         self.asked: list[int] = []
@@ -417,13 +418,39 @@ class _RecordingModel:
         self.asked.append(len(context))
         return Draft([1] * k, [1] * k, "model")
 
+    def behind(self, context) -> int:
+        return 1
+
+    def wide(self, behind: int) -> bool:
+        return False
+
+    def step_cost(self) -> None:
+        return None
+
+    def catch_up_excess(self, per_token: float) -> tuple[int, bool, float]:
+        return 1, False, 0.0
+
+
+def _retrial_rounds(rounds: int) -> list[int]:
+    """The rounds (from 0) in which auto re-tries a draft model that keeps losing: after
+    RETRY_MIN rounds without it, then each wait twice the last, up to REPROBE_ROUNDS (the
+    round of a re-trial itself is one with the model)."""
+    schedule, wait = [], AutoDrafter.RETRY_MIN
+    at = wait
+    while at < rounds:
+        schedule.append(at)
+        wait = min(2 * wait, AutoDrafter.REPROBE_ROUNDS)
+        at += wait + 1
+    return schedule
+
 
 @pytest.mark.parametrize("prior_pays", [False, True])
-def test_the_draft_model_is_reconsidered_once_per_reprobe_period(prior_pays):
+def test_the_draft_model_is_reconsidered_with_a_growing_wait(prior_pays):
     """After the draft model lost its place, auto reconsiders it (forgetting its acceptance)
-    once every REPROBE_ROUNDS rounds, taken or not: a declined re-trial must not make every
-    later round choose twice (on a GPU that was ~5% of a token). When the model wins at its
-    prior, the re-trial drafts with it."""
+    after RETRY_MIN rounds, then after twice as many each time, up to REPROBE_ROUNDS: taken or
+    not, once per wait, so a declined re-trial does not make every later round choose twice
+    (on a GPU that was ~5% of a token). When the model wins at its prior, the re-trial drafts
+    with it; one rejection at the prior's 1-token draft then costs it the next wait only."""
     # GPU-like costs: a draft token at 0.3 of a target call pays at the prior 0.6 (k = 1 rate
     # 1.6 / 1.3 against 1 / 1.0); at 0.6 of a call it does not (1.6 / 1.6), though a sure
     # draft still could (model_can_pay: 9 tokens for 1.1 + 8 x 0.6 calls at k = 8).
@@ -445,13 +472,27 @@ def test_the_draft_model_is_reconsidered_once_per_reprobe_period(prior_pays):
             auto.observe(Outcome(draft, 0, 0, [2000 + i], 1e-5, 1e-3))
         context.append(2000 + i)
     assert policy.model_can_pay(8)
-    reconsidered = rounds // AutoDrafter.REPROBE_ROUNDS
-    assert policy.calls <= rounds + reconsidered
-    if prior_pays:  # the first re-trial after REPROBE_ROUNDS rounds without the model, and so on
-        assert model.asked[0] == 100 + AutoDrafter.REPROBE_ROUNDS
-        assert reconsidered - 1 <= len(model.asked) <= reconsidered
+    schedule = _retrial_rounds(rounds)
+    assert schedule[:4] == [8, 25, 58, 123]  # (waits of 8, 16, 32, 64 rounds)
+    # a re-trial's consideration chooses twice (declined, then at the prior)
+    assert policy.calls <= rounds + len(schedule)
+    if prior_pays:
+        assert model.asked == [100 + at for at in schedule]
     else:
         assert model.asked == []
+
+
+def test_a_model_round_that_keeps_every_draft_shortens_the_wait_again():
+    """The wait before a re-trial grows while re-trials fail, and is back at RETRY_MIN once a
+    model round has had all its drafts accepted (the text suits the model again)."""
+    policy = Policy(CostCurve({1: 1.0e-3, 2: 1.0e-3, 32: 1.4e-3}), CostEstimate(0.3e-3))
+    auto = AutoDrafter(policy, LookupDrafter(), _RecordingModel())
+    auto._retry_after = AutoDrafter.REPROBE_ROUNDS
+    draft = Draft([1, 2, 3], [None] * 3, "model")
+    auto.observe(Outcome(draft, 3, 2, [1, 2, 9], 1e-4, 1e-3))  # one refused: no change
+    assert auto._retry_after == AutoDrafter.REPROBE_ROUNDS
+    auto.observe(Outcome(draft, 3, 3, [1, 2, 3, 4], 1e-4, 1e-3))
+    assert auto._retry_after == AutoDrafter.RETRY_MIN
 
 
 class _ShapeClock:
@@ -1093,7 +1134,7 @@ def test_model_declines_answers_from_the_last_rating_as_choose_would():
     assert policy.choose(8, last_shape=1, last_run=2).source == "none"  # rates and declines
     assert policy.model_declines(8, 1, 2) and policy.model_declines(8, 1, 5)  # (run 5 ~ 2)
     assert not policy.model_declines(8, 4, 2)  # other inputs: no rating serves them
-    key = (policy.model.alpha, policy.draft_cost.seconds, 8, 1, 2)
+    key = policy._model_key(8, 1, 2)
     policy._model_option = (key, 3, (4, 2.0 / policy.curve(1)))  # a rating that takes it
     assert not policy.model_declines(8, 1, 2)
     assert policy.choose(8, last_shape=1, last_run=2).source == "model"
@@ -1120,12 +1161,16 @@ def test_a_round_without_an_offer_asks_nothing_while_the_models_last_rating_decl
         auto = AutoDrafter(policy, _OfferingLookup(np.random.default_rng(0), 0.0, 6), model)
         for _ in range(rounds):
             draft = auto.propose(list(range(10)), 16, params, None)
-            auto.observe(Outcome(draft, len(draft.tokens), 0, [8], 0.0, 2.0e-3))
+            n = len(draft.tokens)  # (where it wins, its drafts are right: it keeps winning)
+            auto.observe(Outcome(draft, n, n if wins else 0, [8], 0.0, 2.0e-3))
         if wins:
             assert policy.calls == rounds and len(model.asked) == rounds
         else:
-            # the first rounds see new call shapes (prefill, then plain steps 1 and 2 in a row)
-            assert rounds // MODEL_REUSE <= policy.calls <= 3 + math.ceil(rounds / MODEL_REUSE)
+            # the first rounds see new call shapes (prefill, then plain steps 1 and 2 in a
+            # row); a re-trial's consideration chooses twice (declined, then at the prior)
+            retrials = 2 * len(_retrial_rounds(rounds))
+            assert (rounds // MODEL_REUSE <= policy.calls
+                    <= 3 + math.ceil(rounds / MODEL_REUSE) + retrials)
             assert auto.choices == {0: rounds} and model.asked == []
 
 

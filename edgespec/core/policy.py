@@ -296,6 +296,12 @@ def _share(continue_rate: float) -> float:
     return 1.0 - continue_rate
 
 
+def _rated_behind(behind: int, wide: bool) -> int:
+    """What a rating takes ``behind`` as: itself for a short catch-up (a call per token), the
+    power of two at or below it for a wide one (see :meth:`Policy._model_key`)."""
+    return 1 << (max(behind, 1).bit_length() - 1) if wide else behind
+
+
 @dataclass
 class Policy:
     """Online estimates plus the arg-max rule. One per generation (acceptance depends on the
@@ -310,6 +316,11 @@ class Policy:
     lookup_prior: tuple[float, float] = (0.4, 0.7)  #: (at n-gram 1, at n-gram >= 4)
     #: the longest n-gram lookup matches: where a draft's chain of estimates ends
     max_ngram: int = DEFAULT_MAX_NGRAM
+    #: seconds a draft model's wide catch-up (one call reading several tokens the text gained
+    #: since it last drafted) costs beyond what the target's curve says of its width: on a
+    #: GPU, the call and the two after it run without the draft context's CUDA graph
+    #: (:meth:`catch_up_cost`, learned by :meth:`observe_catch_up`)
+    wide_catch_up: CostEstimate = field(default_factory=lambda: CostEstimate(0.0))
     #: the draft model's last rating: (its inputs, rounds it may still serve, (k, rate))
     _model_option: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -366,7 +377,7 @@ class Policy:
     def choose(self, k_max: int, lookup_len: int = 0, lookup_ngram: int = 0, *,
                probe: bool = False, longer_than: int = 0, last_shape: int | None = None,
                last_run: int = 2, continue_rate: float = 0.0, lookup: bool = True,
-               model: bool = True) -> Choice:
+               model: bool = True, behind: int = 1, wide: bool = False) -> Choice:
         """Best (source, k) for this round. ``lookup_len``: tokens the lookup match offers.
 
         ``last_shape``: the width of the previous target call, made ``last_run`` times in a
@@ -390,6 +401,9 @@ class Policy:
         at little cost and keeps its k, and plain decoding is rated at its steady cost.
 
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
+        ``behind``: tokens the draft model must read before it drafts (1 when it drafted the
+        round before), in one call if ``wide``; a model round is charged
+        :meth:`catch_up_cost` for them.
 
         ``probe``: the best lookup option longer than ``longer_than`` tokens, even if it is
         predicted to be up to PROBE_SLACK slower than plain decoding. The curve only learns the
@@ -414,10 +428,11 @@ class Policy:
         chain = self._chain(lookup_ngram, n_lookup) if n_lookup > longer_than else None
         rate_lookup = chain is not None and self._lookup_may_pay(
             n_lookup, chain[1], entering, floor, last_shape, last_run, continue_rate)
-        model_key = self._model_key(n_model, last_shape, last_run) if n_model else None
+        model_key = (self._model_key(n_model, last_shape, last_run, behind, wide) if n_model
+                     else None)
         rated = self._rated_model(model_key)
         if rated is None and n_model and not self._model_may_pay(n_model, floor, last_shape,
-                                                                 last_run):
+                                                                 last_run, behind, wide):
             rated = (0, 0.0)  # no k can beat plain decoding: a rating that never wins
             self._model_option = (model_key, MODEL_REUSE - 1, rated)
         if not rate_lookup and (not n_model or rated is not None):
@@ -448,8 +463,9 @@ class Policy:
                 best = Choice("lookup", k + 1, float(rates[k]), baseline)
         if n_model:
             if rated is None:
+                catch_up = self.catch_up_cost(_rated_behind(behind, wide), wide)
                 rates = (expected_tokens_upto(self.model.alpha, n_model)
-                         / (times[:n_model] + own[:n_model]
+                         / (times[:n_model] + own[:n_model] + catch_up
                             + self.draft_cost.seconds * counts_upto(n_model, start=1)))
                 k = int(rates.argmax())
                 rated = (k + 1, float(rates[k]))
@@ -475,7 +491,7 @@ class Policy:
         return most / least > floor * (1.0 - 1e-9)
 
     def _model_may_pay(self, n: int, floor: float, last_shape: int | None,
-                       last_run: int) -> bool:
+                       last_run: int, behind: int = 1, wide: bool = False) -> bool:
         """False where no draft-model round of 1 .. n tokens can rate above ``floor``
         (:func:`_most_model_rate`, with the curve's least t over their widths and the switch
         penalty where none of their widths would replay a graph). Rating every k costs 20-50
@@ -483,17 +499,44 @@ class Policy:
         a decode), and on a GPU the model loses from plain decoding at its prior acceptance,
         so this is most of the rounds that rate it."""
         t = self.curve
-        least = max(t.lower_bound(2, n + 1), 1e-6)
+        least = (max(t.lower_bound(2, n + 1), 1e-6)
+                 + self.catch_up_cost(_rated_behind(behind, wide), wide))
         if t.switch_penalty and not t.width and not (
                 last_shape is not None and 2 <= last_shape <= n + 1 and last_run >= 2):
             least += t.switch_penalty
         return _most_model_rate(self.model.alpha, least, self.draft_cost.seconds,
                                 n) > floor * (1.0 - 1e-9)
 
-    def _model_key(self, n: int, last_shape: int | None, last_run: int) -> tuple:
+    def _model_key(self, n: int, last_shape: int | None, last_run: int,
+                   behind: int = 1, wide: bool = False) -> tuple:
         """The inputs a rating of the draft model for drafts of up to ``n`` tokens rests on
-        (:meth:`_rated_model`): a run of 2 or more calls of one width replays alike."""
-        return (self.model.alpha, self.draft_cost.seconds, n, last_shape, min(last_run, 2))
+        (:meth:`_rated_model`): a run of 2 or more calls of one width replays alike, and a
+        wide catch-up is rated by the power of two at or below its tokens (what the model
+        must read grows by one every plain step; the rating errs toward trying it)."""
+        return (self.model.alpha, self.draft_cost.seconds, n, last_shape, min(last_run, 2),
+                _rated_behind(behind, wide), wide, self.wide_catch_up.seconds)
+
+    def catch_up_cost(self, behind: int, wide: bool) -> float:
+        """Seconds a draft-model round costs beyond one call per drafted token when the model
+        must first read ``behind`` tokens (1: in step, it feeds only the last one): a call
+        each (``wide`` False: a GPU's short catch-up goes a token a call, on a replayed
+        graph), or one call for them all, priced like the target's call of that width
+        against its single one, plus :attr:`wide_catch_up`."""
+        if behind <= 1 or self.draft_cost is None:
+            return 0.0
+        per_token = self.draft_cost.seconds
+        if not wide:
+            return per_token * (behind - 1)
+        t = self.curve
+        return per_token * max(t(behind) / t(1) - 1.0, 0.0) + self.wide_catch_up.seconds
+
+    def observe_catch_up(self, behind: int, wide: bool, seconds: float) -> None:
+        """A draft-model round that first read ``behind`` tokens (in one call if ``wide``)
+        cost ``seconds`` beyond one call per drafted token: what a wide one cost beyond its
+        width's price feeds :attr:`wide_catch_up`."""
+        if wide and behind > 1 and self.draft_cost is not None:
+            shape = self.catch_up_cost(behind, True) - self.wide_catch_up.seconds
+            self.wide_catch_up.observe(seconds - shape)
 
     def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
         """The draft model's last (best k, rate), if it may serve this round. Its inputs change
@@ -508,14 +551,14 @@ class Policy:
         return cached[2]
 
     def model_declines(self, k_max: int, last_shape: int | None = None,
-                       last_run: int = 2) -> bool:
+                       last_run: int = 2, behind: int = 1, wide: bool = False) -> bool:
         """Whether :meth:`choose`, with no lookup offer, would decline the draft model on its
         last rating (one of its MODEL_REUSE rounds, used up as ``choose`` would). False where
         no rating serves: then ``choose`` must rate it. What ``auto`` asks first in a round
         with nothing else to draft, for the price of a key (~10 µs less than a choice)."""
         if self.draft_cost is None or k_max <= 0:
             return True
-        rated = self._rated_model(self._model_key(k_max, last_shape, last_run))
+        rated = self._rated_model(self._model_key(k_max, last_shape, last_run, behind, wide))
         return rated is not None and rated[1] <= (1.0 + MARGIN) / self.curve(1)
 
     def plain_assured(self, k_max: int, *, run: int, continue_rate: float, lookup: bool,
@@ -563,6 +606,22 @@ class Policy:
             least += entry_charge(penalty, 1, run, t.return_penalty) * _share(continue_rate)
         least += self.lookup_cost.seconds * (1.0 - self.lookup_cost.weight)
         return most / least <= floor
+
+    def retrial_may_pay(self, k_max: int) -> bool:
+        """Whether a re-trial of the draft model (its acceptance forgotten: at its prior) could
+        rate it above plain decoding from steady plain decoding, by :meth:`plain_assured`'s
+        bound. On a GPU in llama.cpp's default kernels it cannot (the prior's 0.6 promises
+        too little for the draft's price), and a re-trial due then need not keep the loop
+        from launching the step ahead."""
+        if self.draft_cost is None or k_max <= 0:
+            return False
+        t = self.curve
+        least = max(t.lower_bound(2, k_max + 1), 1e-6)
+        if t.switch_penalty and not t.width:
+            least += t.switch_penalty
+        floor = (1.0 + MARGIN) / t(1) * (1.0 - 1e-9)
+        return _most_model_rate(self.model.prior, least, self.draft_cost.seconds,
+                                k_max) > floor
 
     def model_can_pay(self, k_max: int) -> bool:
         """Whether the draft model could beat plain decoding even if it were always right."""

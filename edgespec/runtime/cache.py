@@ -37,6 +37,10 @@ class Follower:
         self._source: list[int] | None = None
         self._verified = 0  #: model.tokens[:_verified] == _source[:_verified]
 
+    def verified(self, source: list[int]) -> int:
+        """How many tokens of ``source`` the cache was last found to hold (0: another list)."""
+        return self._verified if source is self._source else 0
+
     def sync(self, source: list[int], n: int) -> int:
         """Trim the cache to its longest common prefix with ``source[:n]``; return its length."""
         model, done = self.model, self._verified

@@ -224,6 +224,19 @@ class ModelDrafter:
         self.n_vocab = n_vocab
         self.window = window
         self._cache = Follower(model)
+        self._context: list[int] | None = None  #: the text the last proposal was for
+        #: single-token calls in a row so far (in this text): from the third on, a GPU
+        #: replays the draft context's graph, and their time is the steady per-token price
+        self._singles = 0
+        #: the last proposal: its calls after the first (the catch-up, which also gave the
+        #: first draft), the seconds and number of the steady ones among them (step_cost),
+        #: the tokens the first read and whether in one call, when it began and ended
+        self._steps = 0
+        self._steady_s = 0.0
+        self._steady_n = 0
+        self._fed = 0
+        self._wide = False
+        self._start = self._end = 0.0
 
     def propose(self, context, k, params, rng) -> Draft:
         k = min(k, self.model.n_ctx - len(context))
@@ -233,11 +246,68 @@ class ModelDrafter:
         n_cached = self._cache.sync(context, len(context))
         if n_cached == len(context):  # everything cached: re-feed the last token for its logits
             n_cached = self._cache.sync(context, len(context) - 1)
+        if context is not self._context:  # (another text: the prefill was a wide call)
+            self._context, self._singles = context, 0
+        self._steps = self._steady_n = 0
+        self._steady_s = 0.0
         if params.greedy and hasattr(self.model, "decode_argmax"):
-            return self._propose_greedy(context[n_cached:], k, draft)
-        if not params.greedy and self.window and getattr(self.model, "device_window", False):
-            return self._propose_on_device(context[n_cached:], k, params, rng, draft)
-        logits = self._catch_up(self.model.decode, context[n_cached:])[0]
+            draft = self._propose_greedy(context[n_cached:], k, draft)
+        elif not params.greedy and self.window and getattr(self.model, "device_window", False):
+            draft = self._propose_on_device(context[n_cached:], k, params, rng, draft)
+        else:
+            draft = self._propose_host(context[n_cached:], k, params, rng, draft)
+        self._end = time.perf_counter()
+        return draft
+
+    def behind(self, context: list[int]) -> int:
+        """Tokens of ``context`` the model would read before drafting after it: what its cache
+        lacks or holds otherwise (drafts the text refused), at least the last token, which a
+        proposal always feeds. O(what changed since the last proposal)."""
+        held = self.model.tokens
+        done = min(self._cache.verified(context), len(held))
+        if not done:  # (not drafted for this text yet: its cache holds the prompt, if any)
+            return max(len(context) - len(held), 1)
+        agree = done + common_prefix(held[done:], context[done:len(held)])
+        return max(len(context) - agree, 1)
+
+    def wide(self, behind: int) -> bool:
+        """Whether reading ``behind`` tokens takes one call for them all (else a call each:
+        see :meth:`_catch_up`)."""
+        return behind > 1 and not (getattr(self.model, "graph_shapes", False)
+                                   and behind <= SINGLE_CATCHUP)
+
+    def catch_up_excess(self, per_token: float) -> tuple[int, bool, float]:
+        """(tokens the last proposal read first, whether in one call, seconds its calls took
+        beyond one per drafted token at ``per_token``): what reading them cost, as
+        :meth:`~edgespec.core.policy.Policy.observe_catch_up` takes it."""
+        return self._fed, self._wide, self._end - self._start - per_token * (self._steps + 1)
+
+    def step_cost(self) -> float | None:
+        """Seconds per drafted token in the last proposal, as the calibration measures it
+        (``measure_draft_cost``: single-token calls one after another): the mean of its calls
+        after the first that were at least the third single-token call in a row; None if
+        none was. The first call also reads what the text gained since the model last
+        drafted (after a stretch of lookup rounds, dozens of tokens), and on a GPU the two
+        calls after a wide one (the prefill, such a catch-up) run without a CUDA graph.
+        Counted in, one catch-up in a 1-token round raised the estimate from 1.3 to 8.6 ms
+        a token in ``scripts/gpu/replay.py`` of the 2026-11-28 H100's exact mode, and the
+        model, then rated a loser, never drafted again in that engine: ``auto`` ran code at
+        1.12x of ``none`` where ``model`` ran 1.77x (the lease itself: 1.14x and 1.88x)."""
+        return self._steady_s / self._steady_n if self._steady_n else None
+
+    def _stepped(self, began: float) -> None:
+        """A drafting call after the first, begun at ``began``, has returned."""
+        self._steps += 1
+        self._singles += 1
+        if self._singles >= 3:
+            self._steady_s += time.perf_counter() - began
+            self._steady_n += 1
+
+    def _propose_host(self, feed: Sequence[int], k: int, params: SamplingParams,
+                      rng: np.random.Generator, draft: Draft) -> Draft:
+        """Drafts from whole logit rows on the host (sampled without a device window, or a
+        model without arg-max picks)."""
+        logits = self._catch_up(self.model.decode, feed)[0]
         for i in range(k):
             if logits.size > self.n_vocab:  # padding rows past the target's vocabulary
                 logits = logits[: self.n_vocab]
@@ -249,7 +319,9 @@ class ModelDrafter:
             draft.tokens.append(x)
             draft.q.append(q)
             if i + 1 < k:
+                began = time.perf_counter()
                 logits = self.model.decode([x], 1)[0]
+                self._stepped(began)
         return draft
 
     def _propose_on_device(self, feed: Sequence[int], k: int, params: SamplingParams,
@@ -266,7 +338,9 @@ class ModelDrafter:
             draft.tokens.append(x)
             draft.q.append(q)
             if i + 1 < k:
+                began = time.perf_counter()
                 ids, logits = decode([x], 1, self.window)
+                self._stepped(began)
         return draft
 
     def _propose_greedy(self, feed: Sequence[int], k: int, draft: Draft) -> Draft:
@@ -279,7 +353,9 @@ class ModelDrafter:
             draft.tokens.append(x)
             draft.q.append(None)
             if i + 1 < k:
+                began = time.perf_counter()
                 x = int(decode([x], 1)[0])
+                self._stepped(began)
         return draft
 
     def _catch_up(self, decode, feed: Sequence[int], *args):
@@ -290,11 +366,17 @@ class ModelDrafter:
         makes the next two pay again (~1.4 ms each for the 0.5B draft on an H100, against
         ~1.15 ms a replayed call); on the H100 a drafted token cost 1.7-2.5 ms in rounds that
         mostly accepted everything (2-token catch-ups) and ~1.4 ms where they rarely did."""
+        self._fed = len(feed)
+        self._start = time.perf_counter()
         if getattr(self.model, "graph_shapes", False) and 1 < len(feed) <= SINGLE_CATCHUP:
             for token in feed[:-1]:
                 decode([token], 1, *args)
+            self._singles += len(feed) - 1
             feed = feed[-1:]
-        return decode(feed, 1, *args)
+        self._wide = len(feed) > 1
+        out = decode(feed, 1, *args)
+        self._singles = 0 if self._wide else self._singles + 1
+        return out
 
     def wants_prompt_cached(self, k: int) -> bool:
         """Whether the draft model's cache should hold the prompt before the first round."""
@@ -335,7 +417,9 @@ class AutoDrafter:
     round committed: for a one-hot draft x, P(accept) = p(x) = P(committed token == x), so this
     shadow comparison estimates lookup's acceptance even in rounds that did not use it. The
     draft model's acceptance is only learned when it drafts; it is tried again now and then if
-    it could pay at all under the cost curve. Likewise, every REPROBE_ROUNDS rounds a lookup draft
+    it could pay at all under the cost curve (after RETRY_MIN rounds without it, twice as
+    long after each re-trial, up to REPROBE_ROUNDS; back to RETRY_MIN once a model round has
+    all its drafts accepted). Likewise, every REPROBE_ROUNDS rounds a lookup draft
     longer than the best (if it is predicted to lose at most PROBE_SLACK) is played, so that the
     curve's t(k + 1) are measured, not assumed from one calibration sample (on a GPU, only
     within a stretch of drafting rounds). And what each source's rounds actually delivered is
@@ -345,9 +429,15 @@ class AutoDrafter:
 
     name = "auto"
 
-    #: Rounds without the draft model after which it gets one more trial (if it could pay), and
-    #: rounds between cost probes.
+    #: Rounds between cost probes, and the longest wait for the draft model's re-trial.
     REPROBE_ROUNDS = 64
+    #: Rounds without the draft model after which it gets its first re-trial (if it could
+    #: pay). A trial at the prior drafts one token, and one rejection (a 10-20% chance where
+    #: the model is right 80-90% of the time) rates it a loser: a fixed wait of 64 rounds then
+    #: kept it out of half an answer. In ``scripts/gpu/replay.py`` of the 2026-11-28 H100's
+    #: exact mode (where the model pays), code and chat ran 1.00-1.20x of ``none`` so, and
+    #: 1.08-1.38x with re-trials after 8, 16, 32, 64 rounds.
+    RETRY_MIN = 8
 
     #: Holding a width with the draft model (off at 0; an experiment for the next GPU lease,
     #: ``auto-hold`` in ``scripts/gpu/auto_variants.py``). On a GPU, where a call of a new
@@ -376,6 +466,7 @@ class AutoDrafter:
         self.choices: dict[int, int] = {}  #: k -> rounds (k = 0: plain decoding step)
         self._shadow: Draft | None = None
         self._since_model = 0
+        self._retry_after = self.RETRY_MIN  #: rounds without the model before its re-trial
         self._since_probe = 0
         self._last_shape: int | None = None  #: width of the last target call (None: prefill)
         self._run = 0  #: calls of that width in a row
@@ -416,10 +507,11 @@ class AutoDrafter:
             return self.model.propose(context, n, params, rng)
         model_allowed = realized.allowed("model")
         lookup_allowed = realized.allowed("lookup")
+        behind, wide = 1, False
         if not (shadow.tokens and lookup_allowed) and (
                 self.model is None or not model_allowed
-                or (self._since_model < self.REPROBE_ROUNDS
-                    and self.policy.model_declines(k, self._last_shape, self._run))):
+                or (self._since_model < self._retry_after
+                    and self._model_declines(context, k))):
             # Nothing may or would draft: a plain step without a choice (most rounds of free
             # text; a choice costs ~40 µs in the cold caches after a decode, 2% of a GPU
             # token). The draft model's last rating, where it still serves, says what the
@@ -428,15 +520,19 @@ class AutoDrafter:
             self._since_model += 1
             self.choices[0] = self.choices.get(0, 0) + 1
             return Draft(source="none")
+        if self.model is not None and model_allowed:
+            behind = self.model.behind(context)
+            wide = self.model.wide(behind)
         calls = {"last_shape": self._last_shape, "last_run": self._run,
                  "continue_rate": self._goes_on.alpha, "lookup": lookup_allowed,
-                 "model": model_allowed}
+                 "model": model_allowed, "behind": behind, "wide": wide}
         choice = self.policy.choose(*offer, **calls)
         if (choice.source == "none" and self.model is not None and model_allowed
-                and self._since_model >= self.REPROBE_ROUNDS):
-            # Considered once per REPROBE_ROUNDS, taken or not: re-deciding every round after
-            # a declined trial cost two more choices a round (~5% of a GPU token).
+                and self._since_model >= self._retry_after):
+            # Considered once per wait, taken or not: re-deciding every round after a
+            # declined trial cost two more choices a round (~5% of a GPU token).
             self._since_model = 0
+            self._retry_after = min(2 * self._retry_after, self.REPROBE_ROUNDS)
             if self.policy.model_can_pay(k):
                 self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
                 choice = self.policy.choose(*offer, **calls)
@@ -459,6 +555,18 @@ class AutoDrafter:
         self._since_model += 1
         return Draft(source="none")
 
+    def _model_declines(self, context: list[int], k: int) -> bool:
+        """Whether the draft model's last rating declines it this round
+        (:meth:`~edgespec.core.policy.Policy.model_declines`): first as if it were in step,
+        which declines it whatever it has to read (reading only costs more) without looking
+        at what that is; else for what it has to read."""
+        policy, last, run = self.policy, self._last_shape, self._run
+        if policy.model_declines(k, last, run):
+            return True
+        behind = self.model.behind(context)
+        return behind > 1 and policy.model_declines(k, last, run, behind,
+                                                    self.model.wide(behind))
+
     def plain_next(self, k_max: int) -> bool:
         """Whether the round after this one (a plain step, proposed and not yet observed) will
         be a plain step again, whatever token the step commits: then an asynchronous loop
@@ -472,7 +580,8 @@ class AutoDrafter:
         realized = self.realized
         upcoming = realized.round + 1  # (the Realized round that choice is made in)
         model = self.model is not None and upcoming >= realized.banned_until.get("model", 0)
-        if model and self._since_model >= self.REPROBE_ROUNDS:
+        if (model and self._since_model >= self._retry_after
+                and self.policy.retrial_may_pay(k_max)):
             return False
         if not self.policy.curve.switch_penalty and self._since_probe + 1 >= self.REPROBE_ROUNDS:
             return False  # (a cost probe may be played from plain decoding)
@@ -549,8 +658,13 @@ class AutoDrafter:
         self.realized.record(source, len(outcome.new_tokens), outcome.t_draft + outcome.t_target)
         if draft is not None and draft.source == "model" and outcome.drafted:
             policy.model.update(outcome.accepted, outcome.accepted < outcome.drafted)
-            if policy.draft_cost is not None:
-                policy.draft_cost.observe(outcome.t_draft / outcome.drafted)
+            if outcome.accepted == outcome.drafted:
+                self._retry_after = self.RETRY_MIN
+            if policy.draft_cost is not None and self.model is not None:
+                step = self.model.step_cost()
+                if step is not None:
+                    policy.draft_cost.observe(step)
+                policy.observe_catch_up(*self.model.catch_up_excess(policy.draft_cost.seconds))
 
 
 def check_drafter_name(name: str) -> str:

@@ -60,6 +60,7 @@ def variant(engine: Engine, name: str):
     saved_policy = engine._policy
     saved_guard = policy_module.GUARD_FRACTION
     saved_reprobe = drafters_module.AutoDrafter.REPROBE_ROUNDS
+    saved_retry = drafters_module.AutoDrafter.RETRY_MIN
     saved_hold = drafters_module.AutoDrafter.HOLD_K
     saved_next = drafters_module.AutoDrafter.plain_next
     saved_long = drafters_module.AutoDrafter.HOLD_LONG
@@ -74,6 +75,7 @@ def variant(engine: Engine, name: str):
             engine._policy = no_model
         elif name == "auto-noreprobe":
             drafters_module.AutoDrafter.REPROBE_ROUNDS = 10 ** 9
+            drafters_module.AutoDrafter.RETRY_MIN = 10 ** 9
         elif name == "auto-noguard":
             policy_module.GUARD_FRACTION = 0.0
         elif name == "auto-nopenalty":
@@ -93,6 +95,7 @@ def variant(engine: Engine, name: str):
         engine._policy = saved_policy
         policy_module.GUARD_FRACTION = saved_guard
         drafters_module.AutoDrafter.REPROBE_ROUNDS = saved_reprobe
+        drafters_module.AutoDrafter.RETRY_MIN = saved_retry
         drafters_module.AutoDrafter.HOLD_K = saved_hold
         drafters_module.AutoDrafter.plain_next = saved_next
         drafters_module.AutoDrafter.HOLD_LONG = saved_long
