@@ -94,6 +94,24 @@ def test_the_per_token_price_comes_from_steady_calls_only(clock):
     assert excess == pytest.approx(WIDE + 2 * PENALTY - STEADY)
 
 
+def test_a_sampled_drafts_price_holds_the_hosts_work_on_it(clock, monkeypatch):
+    """A sampled draft's distribution is host work on every drafted token (0.1-0.5 ms beside
+    an H100): each step is timed from the end of the call before, so the price holds it."""
+    lm = _GraphLM(clock, n_ctx=128)
+    text = _text(80)
+    lm.decode(text[:39], 0)
+    real = drafters.draft_distribution
+
+    def slow(*args, **kw):
+        clock.now += 0.5e-3
+        return real(*args, **kw)
+
+    monkeypatch.setattr(drafters, "draft_distribution", slow)
+    model = ModelDrafter(lm, 16, window=0)
+    model.propose(text[:40], 5, SamplingParams(temperature=0.8), make_rng(0))
+    assert model.step_cost() == pytest.approx(STEADY + 0.5e-3)
+
+
 def test_a_catch_up_does_not_raise_autos_per_token_price(clock):
     """The regression: a 1-token model round after 20 tokens of lookup rounds cost a wide
     catch-up; booked as the price of its one drafted token, it raised the estimate ~4x, and the
