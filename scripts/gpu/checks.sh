@@ -34,6 +34,7 @@
 # (`--sweep /tmp/r/sweep.json --machine /tmp/r/bench_greedy.json`: the lease's own GPU and
 # calibration; --capture-ms: 5 fitted the 2026-11-28 lease's lookup runs). Section 3's
 # auto-noreturn and the sweep's `return ms` column say whether the return penalty holds.
+# Section 6b's bench_exact.json replays with `--machine /tmp/r/bench_exact.json --fixed-width 8`.
 set -u
 BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
 OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
@@ -127,6 +128,12 @@ section "6 exactness: greedy verify in the exact mode and the batch-dependent de
 # (caps: 17 s and 14 s on the H100 of 2026-11-28, where a cap of 150 s skipped the first)
 TAIL=20 run 60 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
 TAIL=20 run 60 verify_greedy_batchdep $ES verify $GPU --temperature 0
+
+section "6b the exact mode's speed: does auto use the draft model where it pays? (issue 11)"
+# (17 s on the H100 of 2026-11-28, run by hand there: auto 1.64x of none, code 1.14x where the
+# model drafter ran 1.88x; replay.py --fixed-width 8 on that run's costs says ~1.95x since the
+# draft model's price stopped taking in its catch-ups)
+TAIL=30 run 45 bench_exact $ES bench $GPU -r 1 --exact --drafters none,lookup,model,auto --json "$R/bench_exact.json"
 
 section "7 host work of the loop on this machine's CPU (synthetic model)"
 TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
