@@ -431,10 +431,12 @@ class Policy:
         model_key = (self._model_key(n_model, last_shape, last_run, behind, wide) if n_model
                      else None)
         rated = self._rated_model(model_key)
-        if rated is None and n_model and not self._model_may_pay(n_model, floor, last_shape,
-                                                                 last_run, behind, wide):
-            rated = (0, 0.0)  # no k can beat plain decoding: a rating that never wins
-            self._model_option = (model_key, MODEL_REUSE - 1, rated)
+        catch_up = 0.0
+        if rated is None and n_model:
+            catch_up = self.catch_up_cost(_rated_behind(behind, wide), wide)
+            if not self._model_may_pay(n_model, floor, last_shape, last_run, catch_up):
+                rated = (0, 0.0)  # no k can beat plain decoding: a rating that never wins
+                self._model_option = (model_key, MODEL_REUSE - 1, rated)
         if not rate_lookup and (not n_model or rated is not None):
             if rated is not None and rated[1] > floor:
                 best = Choice("model", rated[0], rated[1], baseline)
@@ -463,7 +465,6 @@ class Policy:
                 best = Choice("lookup", k + 1, float(rates[k]), baseline)
         if n_model:
             if rated is None:
-                catch_up = self.catch_up_cost(_rated_behind(behind, wide), wide)
                 rates = (expected_tokens_upto(self.model.alpha, n_model)
                          / (times[:n_model] + own[:n_model] + catch_up
                             + self.draft_cost.seconds * counts_upto(n_model, start=1)))
@@ -491,7 +492,7 @@ class Policy:
         return most / least > floor * (1.0 - 1e-9)
 
     def _model_may_pay(self, n: int, floor: float, last_shape: int | None,
-                       last_run: int, behind: int = 1, wide: bool = False) -> bool:
+                       last_run: int, catch_up: float = 0.0) -> bool:
         """False where no draft-model round of 1 .. n tokens can rate above ``floor``
         (:func:`_most_model_rate`, with the curve's least t over their widths and the switch
         penalty where none of their widths would replay a graph). Rating every k costs 20-50
@@ -499,8 +500,7 @@ class Policy:
         a decode), and on a GPU the model loses from plain decoding at its prior acceptance,
         so this is most of the rounds that rate it."""
         t = self.curve
-        least = (max(t.lower_bound(2, n + 1), 1e-6)
-                 + self.catch_up_cost(_rated_behind(behind, wide), wide))
+        least = max(t.lower_bound(2, n + 1), 1e-6) + catch_up
         if t.switch_penalty and not t.width and not (
                 last_shape is not None and 2 <= last_shape <= n + 1 and last_run >= 2):
             least += t.switch_penalty
@@ -524,19 +524,22 @@ class Policy:
         against its single one, plus :attr:`wide_catch_up`."""
         if behind <= 1 or self.draft_cost is None:
             return 0.0
-        per_token = self.draft_cost.seconds
         if not wide:
-            return per_token * (behind - 1)
+            return self.draft_cost.seconds * (behind - 1)
+        return self._wide_price(behind) + self.wide_catch_up.seconds
+
+    def _wide_price(self, behind: int) -> float:
+        """What one call reading ``behind`` tokens costs beyond a single-token call, by the
+        target curve's shape."""
         t = self.curve
-        return per_token * max(t(behind) / t(1) - 1.0, 0.0) + self.wide_catch_up.seconds
+        return self.draft_cost.seconds * max(t(behind) / t(1) - 1.0, 0.0)
 
     def observe_catch_up(self, behind: int, wide: bool, seconds: float) -> None:
         """A draft-model round that first read ``behind`` tokens (in one call if ``wide``)
         cost ``seconds`` beyond one call per drafted token: what a wide one cost beyond its
         width's price feeds :attr:`wide_catch_up`."""
         if wide and behind > 1 and self.draft_cost is not None:
-            shape = self.catch_up_cost(behind, True) - self.wide_catch_up.seconds
-            self.wide_catch_up.observe(seconds - shape)
+            self.wide_catch_up.observe(seconds - self._wide_price(behind))
 
     def _rated_model(self, key: tuple | None) -> tuple[int, float] | None:
         """The draft model's last (best k, rate), if it may serve this round. Its inputs change
@@ -582,9 +585,7 @@ class Policy:
         t = self.curve
         if k_max <= 0:
             return True
-        floor = (1.0 + MARGIN) / t(1) * (1.0 - 1e-9)
-        least = max(t.lower_bound(2, k_max + 1), 1e-6)
-        penalty = t.switch_penalty if not t.width else 0.0
+        floor, least, penalty = self._from_plain(k_max)
         if model and self.draft_cost is not None:
             cached = self._model_option
             if cached is not None and cached[2][1] > floor:
@@ -615,13 +616,18 @@ class Policy:
         from launching the step ahead."""
         if self.draft_cost is None or k_max <= 0:
             return False
-        t = self.curve
-        least = max(t.lower_bound(2, k_max + 1), 1e-6)
-        if t.switch_penalty and not t.width:
-            least += t.switch_penalty
-        floor = (1.0 + MARGIN) / t(1) * (1.0 - 1e-9)
-        return _most_model_rate(self.model.prior, least, self.draft_cost.seconds,
+        floor, least, penalty = self._from_plain(k_max)
+        return _most_model_rate(self.model.prior, least + penalty, self.draft_cost.seconds,
                                 k_max) > floor
+
+    def _from_plain(self, k_max: int) -> tuple[float, float, float]:
+        """The bounds of a round of up to ``k_max`` drafts from steady plain decoding: the rate
+        it must beat (with a hair of slack for float rounding), the least t over its widths,
+        and the switch penalty its call pays (0 at a fixed width: one shape)."""
+        t = self.curve
+        penalty = t.switch_penalty if not t.width else 0.0
+        return ((1.0 + MARGIN) / t(1) * (1.0 - 1e-9), max(t.lower_bound(2, k_max + 1), 1e-6),
+                penalty)
 
     def model_can_pay(self, k_max: int) -> bool:
         """Whether the draft model could beat plain decoding even if it were always right."""

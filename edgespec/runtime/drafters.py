@@ -369,7 +369,7 @@ class ModelDrafter:
         mostly accepted everything (2-token catch-ups) and ~1.4 ms where they rarely did."""
         self._fed = len(feed)
         self._start = time.perf_counter()
-        if getattr(self.model, "graph_shapes", False) and 1 < len(feed) <= SINGLE_CATCHUP:
+        if len(feed) > 1 and not self.wide(len(feed)):
             for token in feed[:-1]:
                 decode([token], 1, *args)
             self._singles += len(feed) - 1
@@ -509,27 +509,34 @@ class AutoDrafter:
             return self.model.propose(context, n, params, rng)
         model_allowed = realized.allowed("model")
         lookup_allowed = realized.allowed("lookup")
+        no_offer = not (shadow.tokens and lookup_allowed)
+        model_on = self.model is not None and model_allowed
+        waits = self._since_model < self._retry_after
+        policy, last, run = self.policy, self._last_shape, self._run
+        # The draft model's last rating, where it still serves, says what a choice would (on a
+        # GPU it declines the model in every plain step). Declined in step, it is declined
+        # whatever it has to read (reading only costs more): what that is is only looked at
+        # where it may draft.
+        declined = no_offer and model_on and waits and policy.model_declines(k, last, run)
         behind, wide = 1, False
-        if not (shadow.tokens and lookup_allowed) and (
-                self.model is None or not model_allowed
-                or (self._since_model < self._retry_after
-                    and self._model_declines(context, k))):
+        if model_on and not declined:
+            behind = self.model.behind(context)
+            wide = self.model.wide(behind)
+            declined = (no_offer and waits and behind > 1
+                        and policy.model_declines(k, last, run, behind, wide))
+        if no_offer and (not model_on or declined):
             # Nothing may or would draft: a plain step without a choice (most rounds of free
             # text; a choice costs ~40 µs in the cold caches after a decode, 2% of a GPU
-            # token). The draft model's last rating, where it still serves, says what the
-            # choice would (on a GPU it declines the model in every plain step).
+            # token).
             self._since_probe += 1
             self._since_model += 1
             self.choices[0] = self.choices.get(0, 0) + 1
             return Draft(source="none")
-        if self.model is not None and model_allowed:
-            behind = self.model.behind(context)
-            wide = self.model.wide(behind)
         calls = {"last_shape": self._last_shape, "last_run": self._run,
                  "continue_rate": self._goes_on.alpha, "lookup": lookup_allowed,
                  "model": model_allowed, "behind": behind, "wide": wide}
         choice = self.policy.choose(*offer, **calls)
-        if (choice.source == "none" and self.model is not None and model_allowed
+        if (choice.source == "none" and model_on
                 and self._since_model >= self._retry_after):
             # Considered once per wait, taken or not: re-deciding every round after a
             # declined trial cost two more choices a round (~5% of a GPU token).
@@ -556,18 +563,6 @@ class AutoDrafter:
             return self.model.propose(context, choice.k, params, rng)
         self._since_model += 1
         return Draft(source="none")
-
-    def _model_declines(self, context: list[int], k: int) -> bool:
-        """Whether the draft model's last rating declines it this round
-        (:meth:`~edgespec.core.policy.Policy.model_declines`): first as if it were in step,
-        which declines it whatever it has to read (reading only costs more) without looking
-        at what that is; else for what it has to read."""
-        policy, last, run = self.policy, self._last_shape, self._run
-        if policy.model_declines(k, last, run):
-            return True
-        behind = self.model.behind(context)
-        return behind > 1 and policy.model_declines(k, last, run, behind,
-                                                    self.model.wide(behind))
 
     def plain_next(self, k_max: int) -> bool:
         """Whether the round after this one (a plain step, proposed and not yet observed) will

@@ -161,8 +161,10 @@ def sweep_devices(sweep: dict) -> tuple[Device, Device]:
             Device(lambda w: scale * interpolate(steady, w), lambda w: DRAFT_PENALTY))
 
 
-def draft_device() -> Device:
-    scale = DRAFT_STEADY_1 / TARGET_STEADY[1]
+def draft_device(steady_1: float = DRAFT_STEADY_1) -> Device:
+    """The 0.5B draft on the H100: a single call at ``steady_1``, wider ones scaled like the
+    target's, the graph rule's penalty."""
+    scale = steady_1 / TARGET_STEADY[1]
     return Device(lambda w: scale * interpolate(TARGET_STEADY, w), lambda w: DRAFT_PENALTY)
 
 
@@ -413,12 +415,10 @@ def main() -> None:
                    measured_device({1: per_token, 2: 2 * per_token}, 0.0))
         where = f"the machine {args.machine} calibrated"
     if args.fixed_width:
-        per_call = (points[args.fixed_width] if args.fixed_width in points
-                    else interpolate(points, args.fixed_width))
+        per_call = interpolate(points, args.fixed_width)
         points, penalty = {args.fixed_width: per_call}, 0.0
         devices = (Device(lambda w: -(-w // args.fixed_width) * per_call, lambda w: 0.0),
-                   Device(lambda w: per_token / TARGET_STEADY[1] * interpolate(TARGET_STEADY, w),
-                          lambda w: DRAFT_PENALTY))
+                   draft_device(per_token))
         where = f"a fixed width of {args.fixed_width} on {args.machine or 'the H100'}"
     if args.sweep:
         devices = sweep_devices(json.loads(Path(args.sweep).read_text())["sweep"])
@@ -434,9 +434,8 @@ def main() -> None:
         setattr(drafters_module.AutoDrafter, name, ast.literal_eval(value))
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
-    target.graph_shapes = bool(penalty)  # (as the backend has it)
-    draft.graph_shapes = bool(penalty) or bool(args.fixed_width)
     on_gpu = bool(penalty) or bool(args.fixed_width)
+    target.graph_shapes, draft.graph_shapes = bool(penalty), on_gpu  # (as the backend has them)
     target.asynchronous = draft.asynchronous = not args.in_order and on_gpu
     target.device.capture_cost = args.capture_ms * 1e-3
     if args.jitter or args.drift:
