@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from edgespec.core.costs import CostCurve
-from edgespec.core.policy import AcceptanceEstimate, CostEstimate, Policy
+from edgespec.core.policy import MODEL_GOES_ON, AcceptanceEstimate, CostEstimate, Policy
 from edgespec.core.sampling import SamplingParams, make_rng
 from edgespec.runtime import drafters
-from edgespec.runtime.drafters import AutoDrafter, LookupDrafter, ModelDrafter, Outcome
+from edgespec.runtime.drafters import (AutoDrafter, Draft, LookupDrafter, ModelDrafter,
+                                       Outcome)
 
 from .fakes import FakeLM, Table
 
@@ -130,11 +131,14 @@ def test_a_catch_up_does_not_raise_autos_per_token_price(clock):
 
 
 def test_catch_up_cost_by_how_the_model_reads():
-    """In step: nothing; a short catch-up read a token a call: a call each; a wide one: its
+    """In step: nothing; a short catch-up read a token a call: a call each, for the part of
+    the time a lookup round would have come first (at the prior, half); a wide one: its
     width's price on the target's curve beyond one call, plus what wide ones cost beyond that
     lately (learned)."""
     cpu = Policy(CostCurve({1: 80e-3, 16: 960e-3}), CostEstimate(25e-3))
     assert cpu.catch_up_cost(1, False) == 0.0
+    assert cpu.catch_up_cost(3, False) == pytest.approx(2 * 25e-3 * (1.0 - MODEL_GOES_ON))
+    cpu.model_goes_on = AcceptanceEstimate(MODEL_GOES_ON, failures=1e9)  # lookup always came
     assert cpu.catch_up_cost(3, False) == pytest.approx(2 * 25e-3)
     linear = 25e-3 * (cpu.curve(16) / cpu.curve(1) - 1.0)
     assert cpu.catch_up_cost(16, True) == pytest.approx(linear)
@@ -158,6 +162,64 @@ def test_a_model_far_behind_is_rated_with_its_catch_up():
     assert policy.choose(16, last_shape=8, last_run=3, behind=33, wide=True).source == "none"
     assert policy.model_declines(16, 8, 3, behind=40, wide=True)  # (rated as 32 too)
     assert not policy.model_declines(16, 8, 3, behind=64, wide=True)  # (no rating of 64 yet)
+
+
+def test_a_short_catch_up_is_charged_as_far_as_lookup_would_save_it():
+    """The regression: after a round whose drafts were all accepted, the model must read two
+    tokens (its last draft and the bonus), a call more. Charged in full, that call made a model
+    at acceptance 0.6 lose to plain decoding at a fixed width 8 (t = 3.76 ms, 1.28 ms a
+    drafted token: the 2026-11-28 H100's exact mode); a plain step then left it further behind,
+    and it sat out the rest of a chat answer (1.04x of ``none`` in ``scripts/gpu/replay.py``
+    where the ``model`` drafter ran 1.19x). Plain decoding does not save that call, the model's
+    next round owes it whenever it comes; only a lookup round in between does (the model then
+    reads it with the rest, in one wide call). So it is charged for the part of the time that
+    the model's next drafting round was lookup's."""
+    def policy(goes_on: AcceptanceEstimate) -> Policy:
+        p = Policy(CostCurve({8: 3.76e-3}, width=8), CostEstimate(1.28e-3))
+        p.model = AcceptanceEstimate(0.6, successes=6.0, failures=4.0)  # alpha 0.6
+        p.model_goes_on = goes_on
+        return p
+
+    own = policy(AcceptanceEstimate(MODEL_GOES_ON, successes=9.0))  # the model came back
+    assert own.choose(16, last_shape=8, last_run=3, behind=2).source == "model"
+    interrupted = policy(AcceptanceEstimate(MODEL_GOES_ON, failures=1e9))  # lookup came first
+    assert interrupted.choose(16, last_shape=8, last_run=3, behind=2).source == "none"
+
+
+def test_auto_learns_whose_round_follows_the_models(clock):
+    """After a model round, the next drafting round (plain steps between do not count) was the
+    model's again (it goes on) or lookup's (it broke off); rounds after lookup's say nothing."""
+    lm = _GraphLM(clock, n_ctx=128)
+    text = _text(60)
+    lm.decode(text[:19], 0)
+    policy = Policy(CostCurve({8: 3.76e-3}, width=8), CostEstimate(STEADY))
+    auto = AutoDrafter(policy, LookupDrafter(), ModelDrafter(lm, 16))
+    context = text[:20]
+    goes_on = policy.model_goes_on
+
+    def play(source: str) -> None:
+        if source == "model":
+            draft = auto.model.propose(context, 1, GREEDY, make_rng(0))
+        elif source == "lookup":
+            draft = Draft([5], [None], "lookup", 2)
+        else:
+            draft = Draft(source="none")
+        committed = draft.tokens[:1] + [3]
+        auto.observe(Outcome(draft, len(draft.tokens), len(draft.tokens), committed, 0.0,
+                             3.76e-3))
+        context.extend(committed)
+
+    play("lookup")
+    play("model")
+    assert goes_on.evidence == 0.0  # (after lookup's round: nothing to learn)
+    play("none")
+    play("none")
+    play("model")
+    assert (goes_on.successes, goes_on.failures) == (1.0, 0.0)
+    play("lookup")
+    assert goes_on.failures == 1.0 and goes_on.alpha < MODEL_GOES_ON + 0.1
+    play("model")
+    assert goes_on.evidence < 2.0  # (faded, and nothing new: lookup's round came before)
 
 
 @pytest.mark.parametrize("curve, per_token, pays", [

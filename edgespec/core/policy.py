@@ -149,6 +149,12 @@ def entry_charge(penalty: float, last_shape: int | None, last_run: int,
     return 3.0 * penalty + back - settle_charge(penalty, last_shape, last_run, back)
 
 
+#: Prior of how often the draft model's next drafting round is its own rather than lookup's
+#: (:attr:`Policy.model_goes_on`). In ``scripts/gpu/replay.py`` of the 2026-11-28 H100's
+#: exact mode (12 seeds of timing noise) 0.0, 0.5 and 0.8 gave 2.02x, 2.04x and 2.04x of
+#: ``none``; the middle one.
+MODEL_GOES_ON = 0.5
+
 #: Rounds one rating of the draft model serves while its inputs stay the same
 #: (:meth:`Policy._rated_model`).
 MODEL_REUSE = 8
@@ -321,6 +327,11 @@ class Policy:
     #: GPU, the call and the two after it run without the draft context's CUDA graph
     #: (:meth:`catch_up_cost`, learned by :meth:`observe_catch_up`)
     wide_catch_up: CostEstimate = field(default_factory=lambda: CostEstimate(0.0))
+    #: how often the draft model's next drafting round was its own rather than lookup's
+    #: (plain steps between them do not count), as :meth:`catch_up_cost` charges a short
+    #: catch-up
+    model_goes_on: AcceptanceEstimate = field(
+        default_factory=lambda: AcceptanceEstimate(MODEL_GOES_ON))
     #: the draft model's last rating: (its inputs, rounds it may still serve, (k, rate))
     _model_option: tuple | None = field(default=None, repr=False, compare=False)
 
@@ -402,7 +413,8 @@ class Policy:
 
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
         ``behind``: tokens the draft model must read before it drafts (1 when it drafted the
-        round before), in one call if ``wide``; a model round is charged
+        round before and a draft was refused, 2 when all passed), in one call if ``wide``; a
+        model round is charged
         :meth:`catch_up_cost` for them.
 
         ``probe``: the best lookup option longer than ``longer_than`` tokens, even if it is
@@ -514,18 +526,30 @@ class Policy:
         wide catch-up is rated by the power of two at or below its tokens (what the model
         must read grows by one every plain step; the rating errs toward trying it)."""
         return (self.model.alpha, self.draft_cost.seconds, n, last_shape, min(last_run, 2),
-                _rated_behind(behind, wide), wide, self.wide_catch_up.seconds)
+                _rated_behind(behind, wide), wide, self.wide_catch_up.seconds,
+                self.model_goes_on.alpha)
 
     def catch_up_cost(self, behind: int, wide: bool) -> float:
         """Seconds a draft-model round costs beyond one call per drafted token when the model
         must first read ``behind`` tokens (1: in step, it feeds only the last one): a call
         each (``wide`` False: a GPU's short catch-up goes a token a call, on a replayed
         graph), or one call for them all, priced like the target's call of that width
-        against its single one, plus :attr:`wide_catch_up`."""
+        against its single one, plus :attr:`wide_catch_up`.
+
+        A short catch-up (after a round whose drafts all passed, or a few plain steps) is
+        charged only for the part of the time that a lookup round came before the model's
+        next one (1 - :attr:`model_goes_on`): plain decoding does not save those calls, the
+        model owes them (and one more a step) whenever it drafts next, and only a lookup
+        round, after which it reads them with the rest in one wide call, does. Charged in
+        full, they made a model that paid in step lose to plain decoding right after its
+        best rounds, and then sit out a chat answer (1.04x of ``none`` in
+        ``scripts/gpu/replay.py`` of the 2026-11-28 H100's exact mode, where the ``model``
+        drafter ran 1.19x; 1.18x so). A wide one is charged in full: charging it in part
+        let the model take rounds from lookup in edits (worst prompt 0.99x against 1.00x)."""
         if behind <= 1 or self.draft_cost is None:
             return 0.0
         if not wide:
-            return self.draft_cost.seconds * (behind - 1)
+            return self.draft_cost.seconds * (behind - 1) * (1.0 - self.model_goes_on.alpha)
         return self._wide_price(behind) + self.wide_catch_up.seconds
 
     def _wide_price(self, behind: int) -> float:

@@ -476,6 +476,7 @@ class AutoDrafter:
         #: (the same estimator as an acceptance rate: a prior, then what was seen, forgetting)
         self._goes_on = AcceptanceEstimate(CONTINUE_PRIOR)
         self._after_lookup = False  #: whether the last round drafted with lookup
+        self._after_model = False  #: whether the last drafting round drafted with the model
         self.realized = Realized(policy.curve(1))
         policy.max_ngram = lookup.max_ngram  # (where the policy's chain of estimates ends)
         #: how often lookup's first token was the one committed, per round (prior: never)
@@ -652,6 +653,10 @@ class AutoDrafter:
         if self._holding and source != "none":
             source = "hold"
         self._after_lookup = source == "lookup"
+        if source in ("model", "lookup"):
+            if self._after_model:
+                policy.model_goes_on.update(int(source == "model"), source == "lookup")
+            self._after_model = source == "model"
         self.realized.record(source, len(outcome.new_tokens), outcome.t_draft + outcome.t_target)
         if draft is not None and draft.source == "model" and outcome.drafted:
             policy.model.update(outcome.accepted, outcome.accepted < outcome.drafted)
