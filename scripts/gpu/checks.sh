@@ -132,7 +132,8 @@ TAIL=20 run 60 verify_greedy_batchdep $ES verify $GPU --temperature 0
 section "6b the exact mode's speed: does auto use the draft model where it pays? (issue 11)"
 # (17 s on the H100 of 2026-11-28, run by hand there: auto 1.64x of none, code 1.14x where the
 # model drafter ran 1.88x; replay.py --fixed-width 8 on that run's costs says ~1.95x since the
-# draft model's price stopped taking in its catch-ups)
+# draft model's price stopped taking in its catch-ups, and ~2.06x since a short catch-up is
+# charged only as far as lookup saves it: chat 1.01-1.04x -> 1.14-1.18x, model alone 1.05-1.19x)
 TAIL=30 run 45 bench_exact $ES bench $GPU -r 1 --exact --drafters none,lookup,model,auto --json "$R/bench_exact.json"
 
 section "7 host work of the loop on this machine's CPU (synthetic model)"
