@@ -7,6 +7,10 @@
 # log.txt (as it runs) and r.tgz (after each section), within the tool's 8-file limit. A command
 # past its cap gets SIGINT first, so bench and verify still write what they measured.
 #
+# Before the lease: `bash scripts/gpu/prepare.sh` makes all that the runs carry (.gpu with the
+# first model piece, .gpu01..., .hostbase; pieces cut to fit beside the tree as it is) and prints
+# the calls in order.
+#
 # How it went on 2026-11-27 (H100, 15 minutes of device time in all): `bash ../shared/gpu/pack.sh
 # default` here, then the first 58,683,392 bytes of the joined model files moved into .gpu/p00
 # (so .gpu and a piece travel together: 65.0 MB with the tree) and the rest re-split into 24
@@ -23,10 +27,9 @@
 # script, every section but verify --exact (its cap did not fit) in 493 s; --exact and a
 # bench --exact -r 1 after it on the warm machine (17 s each): 785 s of the 900.
 #
-# For section 1b's before/after of the host path (host_floor.py --base): before the runs, `mkdir
-# .hostbase && git archive 60fb22c edgespec | tar -x -C .hostbase` (untracked,
-# beside the tree; 60fb22c is the code before the lean host path). Ignore it (.git/info/exclude)
-# and carry it in run 26 alone: a piece with a 1.9 MB tree leaves 185 KB of the 64 MiB.
+# For section 1b's before/after of the host path (host_floor.py --base): .hostbase, `git archive
+# 60fb22c edgespec` (the code before the lean host path; prepare.sh makes it), carried by this
+# script's run alone.
 # After the lease, on the CPU: `python scripts/gpu/replay.py --tree DIR` (DIR: a checkout of the
 # commit the lease ran) replays the same prompts on the virtual H100 (add `--prompt-file
 # scripts/gpu/heldout.jsonl` for section 2b's). Set its figures against bench_greedy.txt's
