@@ -222,6 +222,25 @@ def test_auto_learns_whose_round_follows_the_models(clock):
     assert goes_on.evidence < 2.0  # (faded, and nothing new: lookup's round came before)
 
 
+def test_a_retrial_is_rated_as_if_the_model_were_in_step(clock):
+    """The regression: a model refused early in an answer (acceptance 0.3 after two misses)
+    sat out the rest of it, its re-trials included: by then it had dozens of tokens to read,
+    and the re-trial was rated with that catch-up, which only grows while it waits. A re-trial
+    is rated in step; its catch-up is what any return pays."""
+    lm = _GraphLM(clock, n_ctx=128)
+    text = _text(80)
+    lm.decode(text[:19], 0)
+    policy = Policy(CostCurve({8: 3.76e-3}, width=8), CostEstimate(1.28e-3))
+    policy.model = AcceptanceEstimate(0.6, successes=0.3, failures=2.0)
+    auto = AutoDrafter(policy, LookupDrafter(), ModelDrafter(lm, 16))
+    auto.realized.banned_until["lookup"] = 10**9  # (no lookup offer: the model or nothing)
+    context = text[:60]
+    assert auto.model.wide(auto.model.behind(context))
+    auto._since_model = auto._retry_after  # a re-trial is due
+    assert auto.propose(context, 16, GREEDY, make_rng(0)).source == "model"
+    assert auto._since_model == 0
+
+
 @pytest.mark.parametrize("curve, per_token, pays", [
     # the 2026-11-28 H100, llama.cpp's default kernels: t(1) 2.05 ms, flat, P 1.3 ms
     (CostCurve({1: 2.05e-3, 4: 2.9e-3, 16: 4.6e-3}, switch_penalty=1.3e-3), 1.37e-3, False),

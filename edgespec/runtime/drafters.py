@@ -545,7 +545,12 @@ class AutoDrafter:
             self._retry_after = min(2 * self._retry_after, self.REPROBE_ROUNDS)
             if self.policy.model_can_pay(k):
                 self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
-                choice = self.policy.choose(*offer, **calls)
+                # Rated as if in step: what the model must read first grows with every round
+                # it sits out, and any return pays it; rated with it, a re-trial after a long
+                # wait never drafted, and a model refused early in an answer sat out the rest
+                # (prose, then code: 1.29x of none against 1.46x in scripts/gpu/replay.py's
+                # exact mode, the model drafter 1.44x).
+                choice = self.policy.choose(*offer, **{**calls, "behind": 1, "wide": False})
         self._since_probe += 1
         # With a switch penalty (a GPU), only within a stretch of drafting rounds: a probe from
         # plain decoding is a lone round, 3P dearer than plain steps, for a rate that rests on
