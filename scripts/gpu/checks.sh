@@ -37,7 +37,7 @@
 # (`--sweep /tmp/r/sweep.json --machine /tmp/r/bench_greedy.json`: the lease's own GPU and
 # calibration; --capture-ms: 5 fitted the 2026-11-28 lease's lookup runs). Section 3's
 # auto-noreturn and the sweep's `return ms` column say whether the return penalty holds.
-# Section 6b's bench_exact.json replays with `--machine /tmp/r/bench_exact.json --fixed-width 8`.
+# Section 2c's bench_exact.json replays with `--machine /tmp/r/bench_exact.json --fixed-width 8`.
 set -u
 BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
 OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
@@ -114,6 +114,13 @@ TAIL=70 run 240 bench_greedy $ES bench $GPU -r 3 $ANCH --json "$R/bench_greedy.j
 section "2b the held-out prompts (scripts/gpu/heldout.jsonl): does auto hold on text it was not tuned on?"
 TAIL=40 run 150 bench_heldout $ES bench $GPU -r 1 --prompts scripts/gpu/heldout.jsonl --drafters none,lookup,hybrid,auto --json "$R/bench_heldout.json" --plot "$R/bench_heldout.png"
 
+section "2c the exact mode's speed: does auto use the draft model where it pays? (issue 11)"
+# (17 s on the H100 of 2026-11-28, run by hand there: auto 1.64x of none, code 1.14x where the
+# model drafter ran 1.88x; replay.py --fixed-width 8 on that run's costs says ~1.95x since the
+# draft model's price stopped taking in its catch-ups, and ~2.06x since a short catch-up is
+# charged only as far as lookup saves it: chat 1.01-1.04x -> 1.14-1.18x, model alone 1.05-1.19x)
+TAIL=30 run 45 bench_exact $ES bench $GPU -r 1 --exact --drafters none,lookup,model,auto --json "$R/bench_exact.json"
+
 section "3 where auto loses to none: auto against variants of its policy, one engine (issue 11)"
 # auto-workfirst is auto before its assured plain steps were launched ahead of its work (the
 # 2026-11-28 lease: 0.93-0.98x of none on the all-plain prompts): auto >= 0.95x everywhere?
@@ -131,13 +138,6 @@ section "6 exactness: greedy verify in the exact mode and the batch-dependent de
 # (caps: 17 s and 14 s on the H100 of 2026-11-28, where a cap of 150 s skipped the first)
 TAIL=20 run 60 verify_greedy_exact $ES verify $GPU --temperature 0 --exact
 TAIL=20 run 60 verify_greedy_batchdep $ES verify $GPU --temperature 0
-
-section "6b the exact mode's speed: does auto use the draft model where it pays? (issue 11)"
-# (17 s on the H100 of 2026-11-28, run by hand there: auto 1.64x of none, code 1.14x where the
-# model drafter ran 1.88x; replay.py --fixed-width 8 on that run's costs says ~1.95x since the
-# draft model's price stopped taking in its catch-ups, and ~2.06x since a short catch-up is
-# charged only as far as lookup saves it: chat 1.01-1.04x -> 1.14-1.18x, model alone 1.05-1.19x)
-TAIL=30 run 45 bench_exact $ES bench $GPU -r 1 --exact --drafters none,lookup,model,auto --json "$R/bench_exact.json"
 
 section "7 host work of the loop on this machine's CPU (synthetic model)"
 TAIL=60 run 60 overhead_device $ES bench --overhead --device-window -r 1 --json "$R/overhead_device.json"
