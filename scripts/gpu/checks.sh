@@ -120,6 +120,9 @@ section "2c the exact mode's speed: does auto use the draft model where it pays?
 # draft model's price stopped taking in its catch-ups, and ~2.06x since a short catch-up is
 # charged only as far as lookup saves it: chat 1.01-1.04x -> 1.14-1.18x, model alone 1.05-1.19x)
 TAIL=30 run 45 bench_exact $ES bench $GPU -r 1 --exact --drafters none,lookup,model,auto --json "$R/bench_exact.json"
+# answers of prose then code: a model refused in the prose must come back for the code (a
+# re-trial rated in step; replayed 1.29x -> 1.46x of none, the model drafter 1.44x)
+TAIL=15 run 40 bench_exact_mixed $ES bench $GPU -r 1 --exact --prompts scripts/gpu/mixed.jsonl --drafters none,model,auto --json "$R/bench_exact_mixed.json"
 
 section "3 where auto loses to none: auto against variants of its policy, one engine (issue 11)"
 # auto-workfirst is auto before its assured plain steps were launched ahead of its work (the
