@@ -414,8 +414,7 @@ class Policy:
         ``lookup``, ``model``: whether each source may draft this round (:class:`Realized`).
         ``behind``: tokens the draft model must read before it drafts (1 when it drafted the
         round before and a draft was refused, 2 when all passed), in one call if ``wide``; a
-        model round is charged
-        :meth:`catch_up_cost` for them.
+        model round is charged :meth:`catch_up_cost` for them.
 
         ``probe``: the best lookup option longer than ``longer_than`` tokens, even if it is
         predicted to be up to PROBE_SLACK slower than plain decoding. The curve only learns the

@@ -286,9 +286,10 @@ class ModelDrafter:
         """Seconds per drafted token in the last proposal, as the calibration measures it
         (``measure_draft_cost``: single-token calls one after another), with the host's work
         on each: the mean of its calls after the first that were at least the third
-        single-token call in a row, each from the end of the call before; None if none was. The first call also reads what the text gained since the model last
-        drafted (after a stretch of lookup rounds, dozens of tokens), and on a GPU the two
-        calls after a wide one (the prefill, such a catch-up) run without a CUDA graph.
+        single-token call in a row, each from the end of the call before; None if none was.
+        The first call also reads what the text gained since the model last drafted (after a
+        stretch of lookup rounds, dozens of tokens), and on a GPU the two calls after a wide
+        one (the prefill, such a catch-up) run without a CUDA graph.
         Counted in, one catch-up in a 1-token round raised the estimate from 1.3 to 8.6 ms
         a token in ``scripts/gpu/replay.py`` of the 2026-11-28 H100's exact mode, and the
         model, then rated a loser, never drafted again in that engine: ``auto`` ran code at
