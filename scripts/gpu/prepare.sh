@@ -29,7 +29,7 @@ n=0
 for p in "$tmp"/piece.*; do
   n=$((n + 1)); d=$(printf '.gpu%02d' "$n"); mkdir -p "$d"; mv "$p" "$d/p"
 done
-sent=$(( $(stat -c %s .gpu/p00) + $(cat .gpu[0-9][0-9]/p | wc -c) ))
+sent=$(printf '%s\0' .gpu/p00 .gpu[0-9][0-9]/p | size)
 [ "$sent" -eq "$total" ] || { echo "prepare.sh: pieces hold $sent of $total bytes" >&2; exit 1; }
 
 grep -qx '/.hostbase/' .git/info/exclude || echo '/.hostbase/' >> .git/info/exclude
