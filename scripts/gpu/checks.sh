@@ -39,50 +39,12 @@
 # auto-noreturn and the sweep's `return ms` column say whether the return penalty holds.
 # Section 2c's bench_exact.json replays with `--machine /tmp/r/bench_exact.json --fixed-width 8`.
 set -u
-BUDGET=${1:-540}; END=$((SECONDS + BUDGET))
-OUT=${OUT:-/tmp/out}; R=/tmp/r; mkdir -p "$OUT" "$R"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-pack() { tar czf "$OUT/r.tgz" -C /tmp r 2>/dev/null; }
-fits() { local cap=$1; [ $((END - SECONDS)) -ge "$cap" ]; }
-section() { echo; echo "#### $1  (t=${SECONDS}s, $((END - SECONDS))s left)"; }
-run() {  # run CAP NAME CMD...: at most CAP seconds; output to $R/NAME.txt; prints rc and the tail
-  local cap=$1 name=$2; shift 2
-  if ! fits "$cap"; then echo "SKIP $name (needs ${cap}s)"; return 0; fi
-  local t0=$SECONDS; timeout -s INT -k 10 "$cap" "$@" > "$R/$name.txt" 2>&1; local rc=$?
-  echo "== $name rc=$rc $((SECONDS - t0))s"; tail -n "${TAIL:-25}" "$R/$name.txt"; pack; return 0
-}
+BUDGET=${1:-540}
+source scripts/gpu/lib.sh
 
 section "0 models, build, environment"
-cd /tmp/w 2>/dev/null || { echo "no /tmp/w: run ../shared/gpu/build.sh start first"; exit 1; }
-if ls parts/* >/dev/null 2>&1; then
-  cat parts/* > all.bin; off=0; have=$(stat -c %s all.bin)
-  while read -r name size sha; do
-    if [ $((off + size)) -le "$have" ]; then
-      tail -c +$((off + 1)) all.bin | head -c "$size" > "m/$name"
-      echo "$sha  m/$name" | sha256sum -c - || rm -f "m/$name"
-    else echo "$name: only $((have - off)) of $size bytes arrived"; fi
-    off=$((off + size))
-  done < gpu/models.txt
-  rm -f all.bin parts/*
-fi
-for _ in $(seq 1 110); do grep -q BUILD_DONE build.log && break; sleep 3; done
-grep -q BUILD_DONE build.log || { echo "build not done:"; tail -20 build.log; cp build.log "$OUT/"; exit 1; }
-cd - >/dev/null
-export PYTHONPATH="/tmp/w/site:$PWD" PYTHONUNBUFFERED=1 B=/tmp/w/build/bin
-T=/tmp/w/m/$(sed -n 1p /tmp/w/gpu/models.txt | cut -d' ' -f1); D=/tmp/w/m/$(sed -n 2p /tmp/w/gpu/models.txt | cut -d' ' -f1)
-[ -f "$T" ] || { echo "no target model"; exit 1; }
-SELF=0; [ -f "$D" ] || { D=$T; SELF=1; echo "draft missing: self-draft ($T)"; }
-export T D
-nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv,noheader
-python3 -c "import sys, numpy; print(sys.version.split()[0], 'numpy', numpy.__version__)"
-# the sampler's compiled row passes (pip builds them at install; here the source tree is run
-# as it is): a few seconds; without Python's headers the sampler uses NumPy's and says so
-eval "$(python3 -c "import sysconfig as s; print('PYINC=%s EXT=%s' % (s.get_paths()['include'], s.get_config_var('EXT_SUFFIX')))")"
-cc -O3 -Wno-psabi -shared -fPIC -I"$PYINC" edgespec/core/_rows.c -o "edgespec/core/_rows$EXT" 2>&1 | tail -3
-python3 -c "from edgespec.core import rowpass; print('sampler:', rowpass.describe())"
-ES="python3 -m edgespec"
-ANCH=""; [ -x "$B/llama-bench" ] && ANCH="--llama-cpp-bin $B"
-GPU="--target $T --draft $D --ngl -1 --draft-ngl -1"
+join_models
+wait_build
 
 section "1 loading on CUDA: edgespec's import order, and NumPy first (issue 11; fixed 2026-11-26)"
 run 60 complete $ES complete "def fibonacci(n):" $GPU -n 48 --raw --stats

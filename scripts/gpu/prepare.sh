@@ -9,7 +9,7 @@
 # calls to make, in order. Run it again after any commit that grows the tree.
 set -euo pipefail
 PAIR=${1:-default}
-LIMIT=$((64 * 1024 * 1024)); SLACK=$((128 * 1024)); HOSTBASE=60fb22c
+LIMIT=$((64 * 1024 * 1024)); SLACK=$((2 * 1024 * 1024)); HOSTBASE=60fb22c
 [ -f ../shared/gpu/pack.sh ] || { echo "prepare.sh: no ../shared/gpu/pack.sh beside the project" >&2; exit 1; }
 bash ../shared/gpu/pack.sh "$PAIR" > /dev/null
 
