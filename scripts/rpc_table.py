@@ -1,4 +1,4 @@
-"""The README's RPC table: `none` and `auto` tokens per second on the edit prompts, locally and
+"""The RPC table (docs/rpc.md): `none` and `auto` tokens per second on the edit prompts, locally and
 through an `edgespec worker` on this machine at 0, 2 and 10 ms round trip (scripts/delay_proxy.py
 adds the delay), each setting one `edgespec bench` run (so each ratio is against `none` measured in
 the same run).

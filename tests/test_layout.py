@@ -1,6 +1,6 @@
 """The package's layers: what may import what, and no import cycles.
 
-Layers, lowest first (see README, "How it works"):
+Layers, lowest first (see README, "Layout"):
 
 - ``edgespec.config``, ``edgespec.errors``, ``edgespec._native`` (llama.cpp's libraries without
   llama_cpp): the foundation, importable by everyone;
