@@ -13,13 +13,11 @@ AUTO_MAX_DRAFT_LENGTH = 32  #: the longest draft ``auto`` considers
 CALIBRATION_POINTS = (1, 4, 16, 32, 8)
 CALIBRATION_BUDGET_S = 0.4
 #: passes over CALIBRATION_POINTS, each point their median, as far as the budget goes (on a
-#: 2-core CPU the first pass spends it; on a GPU every point gets them all)
+#: 2-core CPU the first pass spends it; on a GPU, where the first pass always runs, a deep
+#: model's too)
 CALIBRATION_REPEATS = 5
 #: the draft model's per-token cost: repeated runs of 3 tokens while they fit (one on a small CPU)
 DRAFT_CALIBRATION_BUDGET_S = 0.05
-#: the return penalty's lone rounds (six calls each, where a switch penalty was measured): all
-#: four on a GPU (~70 ms), one where calls are slow (RPC workers)
-RETURN_CALIBRATION_BUDGET_S = 0.1
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_MIN_NGRAM = 2
 DEFAULT_MAX_TOKENS = 512

@@ -19,17 +19,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgespec import Engine, SamplingParams, config  # noqa: E402
 from edgespec.bench.prompts import load_prompts  # noqa: E402
-from edgespec.core.costs import CostCurve, measure_target_curve  # noqa: E402
+from edgespec.core.costs import CallCosts, CostCurve  # noqa: E402
+from edgespec.runtime.calibration import measure_target_curve  # noqa: E402
 from edgespec.core.lookup import find_continuation  # noqa: E402
 from edgespec.core.lookup import common_prefix as matched  # noqa: E402
-from edgespec.core.policy import Policy  # noqa: E402
+from edgespec.core.policy import Offer, Policy  # noqa: E402
 
 NS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 
 
 def replay(prompt, gen, t: CostCurve, mode: str, cap: int = config.AUTO_MAX_DRAFT_LENGTH) -> float:
     """Predicted speedup over plain decoding of one greedy answer under a lookup policy."""
-    policy = Policy(CostCurve(dict(t.points)), None)
+    policy = Policy(CallCosts(CostCurve(dict(t.points))), None)
     i, cost = 0, 0.0
     while i < len(gen):
         match = find_continuation(prompt + gen[:i], max_ngram=config.DEFAULT_MAX_NGRAM,
@@ -41,7 +42,7 @@ def replay(prompt, gen, t: CostCurve, mode: str, cap: int = config.AUTO_MAX_DRAF
         elif mode == "k=4":
             k = min(4, len(proposal))
         else:
-            choice = policy.choose(cap, len(proposal), ngram)
+            choice = policy.choose(Offer(cap, len(proposal), ngram, model=False))
             k = choice.k if choice.source == "lookup" else 0
         emitted = min(right, k) + 1
         cost += t(k + 1)

@@ -87,11 +87,14 @@ def flat_layout_measure():
                  if drafter in ("model", "hybrid", "auto") else None)
         policy = None
         if drafter == "auto":
-            policy = policy_mod.Policy(costs.CostCurve(dict(new.GPU_CURVE)),
-                                       policy_mod.CostEstimate(new.GPU_DRAFT_TOKEN))
+            curve = costs.CostCurve(dict(new.GPU_CURVE))
+            if hasattr(costs, "CallCosts"):  # (the policy since its restatement)
+                curve = costs.CallCosts(curve)
+            policy = policy_mod.Policy(curve, policy_mod.CostEstimate(new.GPU_DRAFT_TOKEN))
         made = drafters.make_drafter(drafter, draft, target.n_vocab, policy=policy)
         if policy is not None:  # GPU-like costs, as the bench keeps them
-            policy.curve.observe = lambda *a, **kw: None
+            (policy.costs if hasattr(policy, "costs") else policy.curve).observe = (
+                lambda *a, **kw: None)
             policy.lookup_cost.observe = lambda s: None
             if policy.draft_cost is not None:
                 policy.draft_cost.observe = lambda s: None

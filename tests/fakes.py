@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from types import SimpleNamespace
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -253,6 +254,68 @@ class AheadLM(FakeLM):
         self.in_flight = False
         self.events.append(("finish",))
         return self._result
+
+
+class Clock:
+    """A fake ``time.perf_counter``: it stands still but where a fake call moves it on."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def use_clock(monkeypatch, clock: Clock, *modules) -> Clock:
+    """Make ``clock`` the ``time.perf_counter`` of each module (those that ``import time`` and
+    read only ``time.perf_counter``: runtime.calibration, runtime.drafters, runtime.loop)."""
+    for module in modules:
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+class TimedLM(FakeLM):
+    """A FakeLM whose calls take time on a fake :class:`Clock`, as on a device that keeps one
+    captured graph per call width (llama.cpp's CUDA backend): a call of width w (the tokens
+    it feeds) costs ``steady(w)``, plus ``changed`` where the call before it had another width
+    (no graph yet), plus ``second`` where it is the second call of its width in a row (the
+    capture); from the third on, ``steady(w)`` alone (a replay). With ``changed = second = 0``
+    a CPU. ``graph_shapes`` (what the engine reads to know a GPU) is true where either is
+    nonzero unless given. ``fixed_width``: every call is that wide (n tokens take
+    ceil(n / width) calls), as a backend at a fixed width pads them."""
+
+    def __init__(self, table: LogitTable, clock: Clock, steady: Callable[[int], float], *,
+                 changed: float = 0.0, second: float = 0.0, graph_shapes: bool | None = None,
+                 fixed_width: int = 0, **kw) -> None:
+        super().__init__(table, **kw)
+        self.clock = clock
+        self.steady, self.changed, self.second = steady, changed, second
+        self.graph_shapes = bool(changed or second) if graph_shapes is None else graph_shapes
+        if fixed_width:
+            self.fixed_width = fixed_width
+        self.last: int | None = None  #: the last call's width
+        self.run = 0  #: calls of that width in a row
+        self.widths: list[int] = []  #: every call's width, in order
+
+    def _call(self, width: int) -> None:
+        extra = (self.changed if width != self.last else self.second if self.run == 1 else 0.0)
+        self.clock.now += self.steady(width) + extra
+        self.run = self.run + 1 if width == self.last else 1
+        self.last = width
+        self.widths.append(width)
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        out = super().decode(tokens, n_logits)
+        fixed = getattr(self, "fixed_width", 0)
+        if fixed:
+            for _ in range(-(-max(len(tokens), 1) // fixed)):
+                self._call(fixed)
+        else:
+            self._call(len(tokens))
+        return out
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> list[int]:
+        return np.argmax(self.decode(tokens, n_logits), axis=1).tolist()
 
 
 def pair(n_vocab: int = 8, *, seed: int = 1, draft: str = "perturbed", scale: float = 1.5,

@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import struct
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,8 +22,6 @@ from edgespec.bench.prompts import (
     select_prompts,
 )
 from edgespec.bench.reference import _Recorder, measure
-from edgespec.core.costs import return_excess as real_return_excess
-from edgespec.core.costs import split_switch_penalty as real_split_switch_penalty
 from edgespec.bench.run import (
     Config,
     EdgespecRunner,
@@ -42,7 +39,7 @@ from edgespec.cli.main import cli
 from edgespec.errors import ConfigError, ModelError
 from edgespec.runtime.engine import Engine
 
-from .fakes import pair
+from .fakes import Clock, Table, TimedLM, pair, use_clock
 
 
 def run(prompt, config, tps, *, kind="edit", temp=0.0, rounds=10, drafted=0, accepted=0,
@@ -469,61 +466,86 @@ def test_bad_prompt_file_is_a_user_error(tmp_path):
 # ---- sweep, GGUF metadata, plot panels ----------------------------------------------------------
 
 
-class StubCosts:
-    """Stands in for edgespec.core.costs: t(n) = 10 ms + 5 ms per extra token; drafts cost 2 ms."""
+#: the fake GPU of the sweep: a call of width k costs 10 ms + 5 ms per token beyond the first
+#: once settled, 4 ms more as the first of its width (no graph), 7 ms more as the second
+#: (the capture); the draft model 6 ms a token (it never pays on that curve)
+def _sweep_steady(k: int) -> float:
+    return 0.010 + 0.005 * (k - 1)
 
-    @staticmethod
-    def measure_target_curve(backend, ns, repeats=1):
-        return {n: 0.010 + 0.005 * (n - 1) for n in ns}
 
-    @staticmethod
-    def measure_draft_cost(backend, n=8, repeats=1):
-        return 0.002
-
-    @staticmethod
-    def measure_steady(backend, n=1, calls=4):  # a GPU's repeated width: 4 ms cheaper a call
-        return 0.006 + 0.005 * (n - 1)
-
-    @staticmethod
-    def lone_round_time(backend, width):  # a lone call and two plain ones: 7 ms more
-        return 0.010 + 0.005 * (width - 1) + 2 * 0.010 + 0.007
-
-    return_excess = staticmethod(real_return_excess)  # (the real rule)
-
-    split_switch_penalty = staticmethod(real_split_switch_penalty)  # (the real rule)
-
-    @staticmethod
-    def break_even_acceptance(curve, k, draft_cost=0.0):
-        return 0.5 if draft_cost == 0 else math.inf
+def _sweep_engine(clock: Clock, *, changed: float = 0.004, second: float = 0.007) -> Engine:
+    target = TimedLM(Table(16, 1), clock, _sweep_steady, changed=changed, second=second)
+    draft = TimedLM(Table(16, 2), clock, lambda k: 0.006 * k)
+    return Engine(target, draft, drafter="hybrid")
 
 
 def test_sweep_table(monkeypatch):
     from edgespec.bench.report import print_sweep
     from edgespec.bench.run import run_sweep
+    from edgespec.core.costs import break_even_acceptance
+    from edgespec.runtime import calibration
 
-    monkeypatch.setitem(sys.modules, "edgespec.core.costs", StubCosts)
-    monkeypatch.setattr("edgespec.core.costs", StubCosts, raising=False)
-    target, draft = pair(16)
-    sweep = run_sweep(Engine(target, draft, drafter="hybrid"), sizes=(1, 2, 4), repeats=1)
+    clock = use_clock(monkeypatch, Clock(), calibration)
+    sweep = run_sweep(_sweep_engine(clock), sizes=(1, 2, 4), repeats=1)
     rows = {r["k"]: r for r in sweep["rows"]}
-    assert rows[4]["t"] == pytest.approx(0.025) and rows[4]["t_rel"] == pytest.approx(2.5)
+    assert sorted(rows) == [1, 2, 4]
+    for k, r in rows.items():  # S(k) steady; the first call of a width U more, the second C
+        assert r["t"] == pytest.approx(_sweep_steady(k))
+        assert r["t_new"] == pytest.approx(_sweep_steady(k) + 0.004)
+        assert r["t_second"] == pytest.approx(_sweep_steady(k) + 0.007)
+        assert r["changed"] == pytest.approx(0.004) and r["second"] == pytest.approx(0.007)
+    assert rows[4]["t_rel"] == pytest.approx(2.5)
     assert rows[4]["t_per_token"] == pytest.approx(0.025 / 4)
     assert rows[1]["break_even_lookup"] is None  # nothing drafted in a 1-token round
-    assert rows[2]["break_even_lookup"] == 0.5 and rows[2]["break_even_model"] == "never"
-    assert sweep["draft_cost_per_token"] == 0.002
-    assert rows[4]["t_repeated"] == pytest.approx(0.021)
-    assert rows[4]["t_lone"] == pytest.approx(0.052) and rows[4]["return"] == pytest.approx(0.007)
-    assert rows[1]["t_lone"] is None and rows[1]["return"] is None
+    # a draft that doubles the scored tokens' worth: 1 + a = 15 / 10 (at the steady cost)
+    assert rows[2]["break_even_lookup"] == pytest.approx(0.5)
+    assert rows[4]["break_even_lookup"] == pytest.approx(
+        break_even_acceptance({1: 0.010, 2: 0.015, 4: 0.025}, 3))
+    assert rows[2]["break_even_model"] == rows[4]["break_even_model"] == "never"
+    assert sweep["draft_cost_per_token"] == pytest.approx(0.006)
+    assert sweep["target_curve"] == {str(k): pytest.approx(_sweep_steady(k) + 0.004) for k in rows}
+    assert sweep["target_curve_second"] == {
+        str(k): pytest.approx(_sweep_steady(k) + 0.007) for k in rows}
+    assert sweep["target_curve_repeated"] == {str(k): pytest.approx(_sweep_steady(k)) for k in rows}
     lines: list[str] = []
     print_sweep(sweep, lines.append)
     text = "\n".join(lines)
-    assert "2.00 ms per drafted token" in text and "25.00" in text and "never" in text
-    assert "repeated ms" in text and "21.00" in text
-    assert "return ms" in text and "52.00" in text and "7.00" in text
-    # a CPU (a repeated width no cheaper, beyond noise): no lone rounds measured
-    monkeypatch.setattr(StubCosts, "measure_steady", staticmethod(lambda b, n=1, calls=4: 0.0099))
-    sweep = run_sweep(Engine(target, draft, drafter="hybrid"), sizes=(1, 2, 4), repeats=1)
-    assert all(r["t_lone"] is None and r["return"] is None for r in sweep["rows"])
+    assert "6.00 ms per drafted token" in text
+    header = next(line for line in lines if "S(k) ms" in line).split()
+    assert header[:8] == ["k", "S(k)", "ms", "S(k)/k", "ms", "S(k)/S(1)", "U", "ms"]
+    row4 = next(line for line in lines if line.split()[:1] == ["4"]).split()
+    assert row4[:6] == ["4", "25.00", "6.25", "2.50", "4.00", "7.00"] and row4[-1] == "never"
+    row2 = next(line for line in lines if line.split()[:1] == ["2"]).split()
+    assert row2 == ["2", "15.00", "7.50", "1.50", "4.00", "7.00", "50%", "never"]
+    # a CPU: a call costs what its width does, whatever came before it: U = C = 0
+    sweep = run_sweep(_sweep_engine(clock, changed=0.0, second=0.0), sizes=(1, 2, 4), repeats=1)
+    assert all(r["changed"] == pytest.approx(0.0) and r["second"] == pytest.approx(0.0)
+               and r["t"] == pytest.approx(_sweep_steady(r["k"])) for r in sweep["rows"])
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_machine_info_holds_autos_calibration(gpu, monkeypatch):
+    """The bench document's machine record keeps what ``auto``'s calibration measured: the
+    steady curve, the fixed width, whether calls keep graphs per width, U and C, the draft
+    model's price and how long it took."""
+    from edgespec import config
+    from edgespec.bench.run import models_info
+    from edgespec.runtime import calibration
+
+    clock = use_clock(monkeypatch, Clock(), calibration)
+    engine = _sweep_engine(clock, changed=0.004 if gpu else 0.0, second=0.007 if gpu else 0.0)
+    assert "calibration" not in models_info(engine)  # (none made yet)
+    engine.calibrate()
+    cal = models_info(engine)["calibration"]
+    assert cal["target_curve"] == {str(k): pytest.approx(_sweep_steady(k))
+                                   for k in sorted(config.CALIBRATION_POINTS)}
+    assert list(cal["target_curve"]) == [str(k) for k in sorted(config.CALIBRATION_POINTS)]
+    assert cal["width"] == 0 and cal["graphs"] is gpu
+    assert cal["changed"] == pytest.approx(0.004 if gpu else 0.0)
+    assert cal["second"] == pytest.approx(0.007 if gpu else 0.0)
+    assert cal["draft_per_token"] == pytest.approx(0.006)
+    assert cal["seconds"] == engine.costs.calibration_seconds >= 0.0
+    json.dumps(cal)  # (it goes into the bench document)
 
 
 def _gguf(tmp_path, kvs) -> Path:

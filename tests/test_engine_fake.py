@@ -18,7 +18,7 @@ from edgespec.core.sampling import SamplingParams
 from edgespec.errors import ConfigError, ContextOverflowError
 from edgespec.runtime.engine import Completion, Engine, EngineBusyError
 
-from .fakes import AheadLM, FakeLM, Perturbed, Scripted, Table
+from .fakes import AheadLM, Clock, FakeLM, Perturbed, Scripted, Table, TimedLM, use_clock
 
 BOS, EOG = 0, 1
 VOCAB = [b"<s>", b"</s>", b"a", b"b", b"c", b" ", b"h", b"e", b"l", b"o", b"w", b"r", b"d", b"lo",
@@ -44,29 +44,39 @@ def fake(table, n_ctx) -> FakeLM:
 
 
 def build(script=(), *, draft="same", typos=None, drafter="model", n_ctx=128, k=4, seed=0,
-          prompt=PROMPT, ahead=False) -> Engine:
+          prompt=PROMPT, ahead=False, timed=None) -> Engine:
     """An engine whose greedy target text is ``script`` (then free text without EOG).
 
     ``draft``: "same", "typos" (the script with ``typos`` {position: token} changed),
     "perturbed", or None (no draft model). ``ahead``: the target's decodes are asynchronous
-    (:class:`~tests.fakes.AheadLM`), as on a GPU.
+    (:class:`~tests.fakes.AheadLM`), as on a GPU. ``timed``: (clock, the target's
+    :class:`~tests.fakes.TimedLM` arguments, the draft's): both models' calls take time on
+    that fake clock.
     """
     start = prompt_len(prompt)
     base = Table(V, seed, banned=[BOS, EOG])
     table = Scripted(base, script, start)
-    target = (AheadLM(table, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS) if ahead
-              else fake(table, n_ctx))
+    if timed is not None:
+        clock, target_kw, draft_kw = timed
+        target = TimedLM(table, clock, **target_kw, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS)
+
+        def model(table, n_ctx):
+            return TimedLM(table, clock, **draft_kw, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS)
+    else:
+        target = (AheadLM(table, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS) if ahead
+                  else fake(table, n_ctx))
+        model = fake
     if draft is None:
         dm = None
     elif draft == "same":
-        dm = fake(table, n_ctx)
+        dm = model(table, n_ctx)
     elif draft == "typos":
         wrong = list(script)
         for i, t in (typos or {}).items():
             wrong[i] = t
-        dm = fake(Scripted(base, wrong, start), n_ctx)
+        dm = model(Scripted(base, wrong, start), n_ctx)
     elif draft == "perturbed":
-        dm = fake(Perturbed(table, seed, 2.0), n_ctx)
+        dm = model(Perturbed(table, seed, 2.0), n_ctx)
     else:
         raise ValueError(draft)
     return Engine(target, dm, drafter=drafter, draft_length=k)
@@ -536,41 +546,57 @@ def test_exact_asks_for_a_fixed_width_only_where_kernels_follow_the_batch(monkey
                     download=False, progress=False)
 
 
-@pytest.mark.parametrize("batch_dependent", [True, False])
-def test_calibration_measures_the_width_switch_penalty_where_kernels_follow_the_batch(
-        batch_dependent, monkeypatch):
-    """With batch-dependent kernels (a GPU) a call that changes width can cost more (seen on an
-    H200: no replayed CUDA graph), and the second of a width more still (it captures one): the
-    calibration measures that penalty apart from t(n), and the return penalty (the capture
-    after a lone call of another width). The CPU's exact mode does not spend calls on them."""
-    import time
+def _gpu_steady(w: int) -> float:  # (a call of a 1.5B target on a fast GPU: nearly flat)
+    return 2.0e-3 + 0.05e-3 * (w - 1)
 
-    from edgespec.core import costs as costs_mod
-    from edgespec.runtime import engine as engine_mod
-    from edgespec.runtime.kernels import BATCH_DEPENDENT, EXACT_PIECES
 
-    engine = build(drafter="auto")
-    target = engine.target
-    target.kernels = BATCH_DEPENDENT if batch_dependent else EXACT_PIECES
-    decode, last = target.decode, [None, 0]
+def _draft_steady(w: int) -> float:
+    return 0.4e-3 + 0.02e-3 * (w - 1)
 
-    def slow_decode(tokens, n_logits):  # 5 ms a call, 5 ms more unless replayed, 5 to capture
-        run = last[1] if len(tokens) == last[0] else 0
-        time.sleep(0.005 + (0.0 if run >= 2 else 0.005 if run == 0 else 0.010))
-        last[:] = len(tokens), run + 1
-        return decode(tokens, n_logits)
 
-    monkeypatch.setattr(target, "decode", slow_decode)
-    steady_calls = []
-    monkeypatch.setattr(engine_mod, "measure_steady",
-                        lambda *a, **kw: steady_calls.append(1) or costs_mod.measure_steady(*a, **kw))
-    curve = engine.calibrate(force=True).target
-    if batch_dependent:
-        assert 0.003 < curve.switch_penalty < 0.008
-        assert 0.004 < curve(1) < 0.008  # the steady cost, not the interleaved ~10 ms
-        assert 0.003 < curve.return_penalty < 0.009
+def _contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu", "fixed-width"])
+def test_calibration_measures_what_a_change_of_width_costs_where_calls_keep_graphs(
+        device, monkeypatch):
+    """On a device that keeps a graph per call width (``graph_shapes``: a GPU) the first call
+    of a new width costs more (no graph: U) and the second too (it captures one: C): the
+    calibration times three calls per width after another width, S(w) from the third, and U
+    and C apart. Elsewhere (a CPU) one call per width and pass, and U = C = 0; at a fixed
+    width every call is that wide (one price, and no change of width to pay for). The draft
+    model's price is its steady single-token calls'."""
+    from edgespec.runtime import calibration
+
+    clock = use_clock(monkeypatch, Clock(), calibration)
+    gpu = device != "cpu"
+    graphs = dict(changed=3e-3, second=6e-3) if gpu else {}
+    target_kw = dict(steady=_gpu_steady, **graphs)
+    if device == "fixed-width":
+        target_kw["fixed_width"] = 8
+    engine = build(drafter="auto", timed=(clock, target_kw, dict(steady=_draft_steady, **graphs)))
+    assert engine.target.graph_shapes is gpu
+    costs = engine.calibrate(force=True)
+    target, widths = costs.target, engine.target.widths
+    points = sorted(config.CALIBRATION_POINTS)
+    if device == "gpu":
+        assert target.graphs and target.steady.width == 0
+        assert target.changed == pytest.approx(3e-3) and target.second == pytest.approx(6e-3)
+        assert sorted(target.steady.points) == points
+        assert all(target.steady(w) == pytest.approx(_gpu_steady(w)) for w in points)
+        assert _contains(widths, [w for w in config.CALIBRATION_POINTS for _ in range(3)])
+    elif device == "cpu":
+        assert not target.graphs and target.changed == target.second == 0.0
+        assert sorted(target.steady.points) == points
+        assert all(target.steady(w) == pytest.approx(_gpu_steady(w)) for w in points)
+        assert _contains(widths, list(config.CALIBRATION_POINTS) * 2)
     else:
-        assert steady_calls == [] and curve.switch_penalty == curve.return_penalty == 0.0
+        assert target.steady.width == 8 and not target.graphs
+        assert target.changed == target.second == 0.0
+        assert target.steady(1) == target.steady(8) == pytest.approx(_gpu_steady(8))
+        assert target.steady(9) == pytest.approx(2 * _gpu_steady(8))
+    assert costs.draft_per_token == pytest.approx(_draft_steady(1))
 
 
 def _widths_read(lm, skip=0):
@@ -638,18 +664,22 @@ def test_the_draft_cost_auto_learns_carries_over_to_the_next_generation():
     assert out.stats.generated == 24
 
 
-def test_auto_holding_a_width_with_the_draft_model_gives_the_plain_text(monkeypatch):
-    """AutoDrafter.HOLD_K (the ``auto-hold`` experiment) on a GPU-like engine (a switch
-    penalty): on a repetitive answer that then goes its own way it drafts with lookup and
-    then the model at one width, and greedy output is plain decoding's, token for token."""
-    from edgespec.runtime.drafters import AutoDrafter
+def test_auto_on_a_gpu_like_engine_gives_the_plain_text(monkeypatch):
+    """``auto`` on an engine whose calls cost what a GPU's do (on a fake clock: a nearly flat
+    S(w), a change of width U more, the second call of a width C more), calibrated there and
+    learning from its own rounds' times: on a repetitive answer that then goes its own way it
+    drafts with lookup and with the model, and greedy output is plain decoding's, token for
+    token."""
+    from edgespec.runtime import calibration, drafters, loop
 
-    monkeypatch.setattr(AutoDrafter, "HOLD_K", 4)
+    clock = use_clock(monkeypatch, Clock(), calibration, drafters, loop)
+    graphs = dict(changed=1.5e-3, second=1.0e-3)
+    timed = (clock, dict(steady=_gpu_steady, **graphs), dict(steady=_draft_steady, **graphs))
     script = HELLO * 4  # then free text, which lookup has not seen: the model's rounds
-    engine = build(script, drafter="auto", draft="typos", typos={30: ids("a")[0]})
-    engine.calibrate().target.switch_penalty = 2.0e-3
-    held = complete(engine, max_tokens=60, sampling=GREEDY)
+    engine = build(script, drafter="auto", draft="typos", typos={30: ids("a")[0]}, timed=timed)
+    assert engine.calibrate().target.graphs
+    spec = complete(engine, max_tokens=60, sampling=GREEDY)
     plain = complete(build(script, drafter="none"), max_tokens=60, sampling=GREEDY)
-    assert [t.id for t in held.tokens] == [t.id for t in plain.tokens]
-    by = held.stats.by_drafter
+    assert [t.id for t in spec.tokens] == [t.id for t in plain.tokens]
+    by = spec.stats.by_drafter
     assert by["model"].rounds > 0 and by["lookup"].rounds > 0

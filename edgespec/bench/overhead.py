@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import DRAFT_WINDOW
-from ..core.costs import CostCurve
+from ..core.costs import CallCosts, CostCurve
 from ..core.lookup import common_prefix
 from ..core import rowpass
 from ..core.policy import CostEstimate, Policy
@@ -255,10 +255,10 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
              if drafter in ("model", "hybrid", "auto") else None)
     policy = None
     if drafter == "auto":
-        policy = Policy(CostCurve(dict(GPU_CURVE)), CostEstimate(GPU_DRAFT_TOKEN))
+        policy = Policy(CallCosts(CostCurve(dict(GPU_CURVE))), CostEstimate(GPU_DRAFT_TOKEN))
     made = make_drafter(drafter, draft, target.n_vocab, policy=policy, draft_window=draft_window)
     if policy is not None:  # keep auto's costs GPU-like: the synthetic calls cost nothing
-        policy.curve.observe = lambda n, s, switched=False: None  # type: ignore[method-assign]
+        policy.costs.observe = lambda *call: None  # type: ignore[method-assign]
         policy.lookup_cost.observe = lambda s: None  # type: ignore[method-assign]
         if policy.draft_cost is not None:
             policy.draft_cost.observe = lambda s: None  # type: ignore[method-assign]

@@ -200,32 +200,31 @@ def print_lengths(rows: Sequence[dict], echo: Echo) -> None:
 
 
 def print_sweep(sweep: dict, echo: Echo) -> None:
-    """The target's cost curve t(k) and break-even acceptance rates."""
+    """The target's call costs by width and break-even acceptance rates."""
     echo("")
     draft = sweep.get("draft_cost_per_token")
-    echo("target batch-scoring cost t(k): one decode call scoring k tokens with k logit rows"
+    echo("target call cost by width k: one decode call scoring k tokens with k logit rows"
          + (f"; draft model: {1000 * draft:.2f} ms per drafted token" if draft is not None else
             "; no draft model loaded"))
+
     def even(x):
         return x if isinstance(x, str) else _pct(x)
 
     def ms(r, key):
         return _num(1000 * r[key], "{:.2f}") if r.get(key) is not None else "-"
 
-    rows = [[str(r["k"]), _num(1000 * r["t"], "{:.2f}"), _num(1000 * r["t_per_token"], "{:.2f}"),
-             _num(r["t_rel"], "{:.2f}"), ms(r, "t_repeated"), ms(r, "t_lone"), ms(r, "return"),
+    rows = [[str(r["k"]), ms(r, "t"), ms(r, "t_per_token"), _num(r["t_rel"], "{:.2f}"),
+             ms(r, "changed"), ms(r, "second"),
              even(r["break_even_lookup"]), even(r["break_even_model"])]
             for r in sweep["rows"]]
-    for line in table(["k", "t(k) ms", "t(k)/k ms", "t(k)/t(1)", "repeated ms", "lone ms",
-                       "return ms", "break-even lookup", "break-even model"], rows,
-                      right=set(range(9))):
+    for line in table(["k", "S(k) ms", "S(k)/k ms", "S(k)/S(1)", "U ms", "C ms",
+                       "break-even lookup", "break-even model"], rows, right=set(range(8))):
         echo(line)
-    echo("t(k): calls of each width in turn (every call follows another width); repeated: the "
-         "same width call after call (a GPU replays a captured graph then); lone: a call of "
-         "width k after plain steps and the two plain steps after it; return: what lone costs "
-         "beyond t(k) + 2 t(1), the return penalty auto charges a lone round")
+    echo("S(k): a call of width k after two of the same width (on a GPU: a replayed graph); "
+         "U: what the first call of a new width costs more (no graph); C: what the second "
+         "costs more (it captures one). auto charges U + C once per change of width")
     echo("break-even = per-token acceptance rate at which a round of k-1 drafts (k tokens scored) "
-         "is as fast as plain decoding")
+         "is as fast as plain decoding, at the steady cost")
 
 
 def print_memory(memory: dict, echo: Echo) -> None:
@@ -373,8 +372,8 @@ def _hist_panel(ax, overall: Sequence[dict]) -> None:
 
 def _sweep_panel(ax, sweep: dict) -> None:
     ks = [r["k"] for r in sweep["rows"]]
-    ax.plot(ks, [1000 * r["t"] for r in sweep["rows"]], marker="o", label="t(k)")
-    ax.plot(ks, [1000 * r["t_per_token"] for r in sweep["rows"]], marker="s", label="t(k)/k")
+    ax.plot(ks, [1000 * r["t"] for r in sweep["rows"]], marker="o", label="S(k)")
+    ax.plot(ks, [1000 * r["t_per_token"] for r in sweep["rows"]], marker="s", label="S(k)/k")
     if sweep.get("draft_cost_per_token") is not None:
         ax.axhline(1000 * sweep["draft_cost_per_token"], color="gray", linestyle=":",
                    label="draft model, per token")

@@ -508,42 +508,36 @@ def _retention(overall: Sequence[dict]) -> list[dict]:
 
 
 def run_sweep(engine, sizes: Sequence[int] = SWEEP_SIZES, repeats: int = 3) -> dict:
-    """The target's batch-scoring cost t(k) (one call scoring k tokens, k logit rows), the draft
-    model's cost per drafted token, and for each k the break-even acceptance: the per-token
-    acceptance rate at which a round of k - 1 drafts (k tokens scored) is as fast as plain
-    decoding, for lookup (free drafts) and for the draft model. ``"never"``: no acceptance rate
-    can pay for that round."""
+    """The target's call costs by width (one call scoring k tokens, k logit rows): a new width's
+    first call, its second and its third (on a GPU: no graph, the capture, a replayed graph;
+    the steady S(k) and the excesses U and C that :class:`~edgespec.core.costs.CallCosts`
+    holds), the draft model's cost per drafted token, and for each k the break-even acceptance
+    at the steady cost: the per-token acceptance rate at which a round of k - 1 drafts (k tokens
+    scored) is as fast as plain decoding, for lookup (free drafts) and for the draft model.
+    ``"never"``: no acceptance rate can pay for that round."""
     from ..core import costs
+    from ..runtime import calibration
 
-    curve = costs.measure_target_curve(engine.target, list(sizes), repeats=repeats)
+    times = calibration.relation_times(engine.target, list(sizes), repeats=repeats)
+    steady = {k: t[2] for k, t in times.items()}
     draft_cost = None
     if engine.draft is not None:
-        draft_cost = costs.measure_draft_cost(engine.draft, n=8, repeats=repeats)
+        draft_cost = calibration.measure_draft_cost(engine.draft, n=8, repeats=repeats)
 
     def break_even(k: int, cost: float | None):
         if cost is None or k < 2:
             return None
-        value = costs.break_even_acceptance(curve, k - 1, cost)
+        value = costs.break_even_acceptance(steady, k - 1, cost)
         return value if math.isfinite(value) else "never"
 
-    # the same calls repeated at one width: on a GPU a changed width costs more (no replayed
-    # CUDA graph), and the interleaved curve above pays that on every call
-    steady = {k: costs.measure_steady(engine.target, k, calls=repeats + 1) for k in sorted(curve)}
-    t1 = curve.get(1)
-    # where a changed width costs more (as the engine's calibration decides it: a GPU), a lone
-    # call of width k between plain steps with the two plain calls after it, and what that
-    # costs beyond the interleaved t(k) and t(1) twice (each a steady cost plus P): the
-    # return penalty auto charges a lone round (on a CPU only noise: not measured)
-    penalised = bool(t1) and costs.split_switch_penalty(curve, steady[1])[1] > 0
-    lone = {k: statistics.median(costs.lone_round_time(engine.target, k)
-                                 for _ in range(repeats))
-            for k in sorted(curve) if k > 1} if penalised else {}
-    rows = [{"k": k, "t": t, "t_per_token": t / k, "t_rel": t / t1 if t1 else None,
-             "t_repeated": steady[k], "t_lone": lone.get(k),
-             "return": costs.return_excess(lone[k], t, t1) if k in lone else None,
+    t1 = steady.get(1)
+    rows = [{"k": k, "t": s, "t_per_token": s / k, "t_rel": s / t1 if t1 else None,
+             "t_new": times[k][0], "t_second": times[k][1],
+             "changed": times[k][0] - s, "second": times[k][1] - s,
              "break_even_lookup": break_even(k, 0.0), "break_even_model": break_even(k, draft_cost)}
-            for k, t in sorted(curve.items())]
-    return {"target_curve": {str(k): t for k, t in sorted(curve.items())},
+            for k, s in sorted(steady.items())]
+    return {"target_curve": {str(k): t[0] for k, t in sorted(times.items())},
+            "target_curve_second": {str(k): t[1] for k, t in sorted(times.items())},
             "target_curve_repeated": {str(k): t for k, t in sorted(steady.items())},
             "draft_cost_per_token": draft_cost, "repeats": repeats, "rows": rows}
 
@@ -608,10 +602,11 @@ def models_info(engine) -> dict:
     out = {"target": one(engine.target), "draft": one(engine.draft)}
     costs = getattr(engine, "costs", None)
     if costs is not None:  # auto's start-up calibration
+        target = costs.target
         out["calibration"] = {
-            "target_curve": {str(k): v for k, v in sorted(costs.target.points.items())},
-            "switch_penalty": costs.target.switch_penalty,
-            "return_penalty": costs.target.return_penalty,
+            "target_curve": {str(k): v for k, v in sorted(target.steady.points.items())},
+            "width": target.steady.width, "graphs": target.graphs,
+            "changed": target.changed, "second": target.second,
             "draft_per_token": costs.draft_per_token, "seconds": costs.calibration_seconds}
     return out
 

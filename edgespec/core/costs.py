@@ -1,184 +1,29 @@
-"""What speculation costs on this machine: the target's batch-scoring curve t(n), the draft's
-per-token cost, and what they imply.
+"""What speculation costs on this machine: the target's call costs and what they imply.
 
-``t(n)`` is the wall time of one target call that scores ``n`` tokens (``[last] + n - 1`` drafts)
-and returns ``n`` rows of logits. On a GPU it is nearly flat in ``n``; on a small CPU it grows
-almost linearly, and then drafting rarely pays. :class:`CostCurve` holds measured points,
-interpolates between them and refines them online from the timings of real rounds.
+:class:`CostCurve` is the target's steady batch-scoring curve S(n): the wall time of one call that
+scores ``n`` tokens (``[last] + n - 1`` drafts) and returns ``n`` rows of logits, when the calls
+before it had the same width. On a GPU it is nearly flat in ``n``; on a small CPU it grows almost
+linearly, and then drafting rarely pays. It holds measured points, interpolates between them
+and is refined online from the timings of real rounds.
 
-:func:`measure_target_curve` and :func:`measure_draft_cost` take any backend with
-``sync``/``decode``/``tokens`` (the real one is :class:`edgespec.runtime.backend.LlamaBackend`); the rest
-is pure arithmetic.
+:class:`CallCosts` is a call's time given the calls before it: S(w), plus U for a call whose width
+differs from the last call's, plus C for the second call of a width in a row. A device that
+keeps one captured graph per width (llama.cpp's CUDA backend) runs the first call of a new width
+without a graph and captures one on the second; elsewhere (a CPU, a fixed width) U = C = 0.
+
+Pure arithmetic; measuring a backend is :mod:`edgespec.runtime.calibration`'s.
 """
 
 from __future__ import annotations
 
 import bisect
-import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
 
 import numpy as np
 
 
-def _filler(model: "Scorer", n: int) -> list[int]:
-    """n ordinary token ids to measure with (their values do not change the cost)."""
-    n_vocab = getattr(model, "n_vocab", 1 << 16)
-    return [(300 + i) % n_vocab for i in range(n)]
-
-#: Weight of a new observation in the running estimate of t(n).
+#: Weight of a new observation in the running estimates.
 _EMA = 0.2
-
-
-class Scorer(Protocol):
-    n_ctx: int
-    n_vocab: int
-    tokens: list[int]
-
-    def sync(self, prefix: Sequence[int]) -> int: ...
-
-    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
-
-
-def _timed_decode(model: Scorer, context: Sequence[int], batch: Sequence[int], n_logits: int) -> float:
-    model.sync(context)
-    if len(model.tokens) < len(context):
-        model.decode(list(context[len(model.tokens):]), 0)
-    t0 = time.perf_counter()
-    model.decode(list(batch), n_logits)
-    return time.perf_counter() - t0
-
-
-def measure_target_curve(
-    target: Scorer, ns: Sequence[int] = (1, 4, 16), *, repeats: int = 1, context: int = 32,
-    budget_s: float | None = None,
-) -> dict[int, float]:
-    """Seconds per target call scoring n tokens (n logit rows), after ``context`` cached tokens.
-
-    One warm-up call first (the first call after loading pays page faults; it is not counted in
-    the budget). Then passes over ``ns`` in the order given, up to ``repeats`` of them, each point
-    the median of its samples: interleaved passes spread a noisy moment (a GPU's clock ramping,
-    another process) over all points instead of skewing one. With ``budget_s``, stops once the
-    budget is spent (the first n is always measured): list the points that matter most first.
-    On a small CPU one pass spends the budget; on a GPU, where a call takes milliseconds, every
-    point gets its ``repeats`` samples. Leaves the cache holding filler tokens: callers ``sync``
-    to their own text afterwards, as the loop always does.
-    """
-    ns = [n for n in dict.fromkeys(ns) if n >= 1]
-    context = max(0, min(context, target.n_ctx - max(ns, default=1)))
-    ns = [n for n in ns if context + n <= target.n_ctx]
-    prefix = _filler(target, context)
-    _timed_decode(target, prefix, _filler(target, 1), 1)
-    start = time.perf_counter()
-    samples: dict[int, list[float]] = {}
-    for _ in range(max(1, repeats)):
-        for n in ns:
-            samples.setdefault(n, []).append(_timed_decode(target, prefix, _filler(target, n), n))
-            if budget_s is not None and time.perf_counter() - start > budget_s:
-                return {n: float(np.median(v)) for n, v in samples.items()}
-    return {n: float(np.median(v)) for n, v in samples.items()}
-
-
-def warm_widths(model: Scorer, widths: Sequence[int], *, context: int = 32) -> list[int]:
-    """One call of each width in ``widths`` (n tokens with n logit rows, as a verification
-    call reads them), after ``context`` cached filler tokens; nothing is timed. Returns the
-    widths called: those that fit the context. Leaves the cache holding filler tokens, as
-    :func:`measure_target_curve` does."""
-    widths = [n for n in dict.fromkeys(widths) if 1 <= n <= model.n_ctx]
-    context = max(0, min(context, model.n_ctx - max(widths, default=1)))
-    prefix = _filler(model, context)
-    for n in widths:
-        _timed_decode(model, prefix, _filler(model, n), n)
-    return widths
-
-
-def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int = 32) -> float:
-    """Seconds per target call scoring n tokens when the calls before it had the same shape:
-    ``calls`` such calls in a row, the median of all but the first.
-
-    :func:`measure_target_curve` interleaves its widths, so each of its calls follows a call of
-    another shape. On a GPU that is dearer: llama.cpp's CUDA backend replays a captured graph
-    only for a shape repeated (seen on an H200: t(1) 3.3 ms interleaved, 2.0 ms repeated).
-    The difference is the switch penalty of :class:`CostCurve`."""
-    context = max(0, min(context, target.n_ctx - n))
-    prefix = _filler(target, context)
-    samples = [_timed_decode(target, prefix, _filler(target, n), n) for _ in range(max(2, calls))]
-    return float(np.median(samples[1:]))
-
-
-def lone_round_time(target: Scorer, width: int, *, context: int = 32) -> float:
-    """Seconds of a lone call of ``width`` among plain (single-token) calls, with the two plain
-    calls after it: three plain calls first (the third replays a graph where the device keeps
-    them), then, timed, the call of ``width`` and two plain calls."""
-    context = max(0, min(context, target.n_ctx - width - 1))
-    prefix = _filler(target, context)
-    one = _filler(target, 1)
-    for _ in range(3):
-        _timed_decode(target, prefix, one, 1)
-    return (_timed_decode(target, prefix, _filler(target, width), width)
-            + sum(_timed_decode(target, prefix, one, 1) for _ in range(2)))
-
-
-def return_excess(lone: float, switched_w: float, switched_1: float) -> float:
-    """What a lone round (:func:`lone_round_time`) cost beyond its call and its two plain calls
-    at their switched prices (steady cost plus the switch penalty P each): the sample of
-    :attr:`CostCurve.return_penalty`."""
-    return lone - switched_w - 2.0 * switched_1
-
-
-def measure_return_penalty(target: Scorer, curve: "CostCurve",
-                           widths: Sequence[int] = (5, 17), *, runs: int = 2,
-                           context: int = 32, budget_s: float | None = None) -> float:
-    """Seconds a lone call of another width costs, with the two plain calls after it, beyond
-    what the curve says of them (:func:`return_excess`, t(w) + P and t(1) + P; P:
-    ``curve.switch_penalty``, t: the ``curve``'s steady costs). See
-    :attr:`CostCurve.return_penalty`. The median over ``runs`` passes over ``widths``, as far
-    as ``budget_s`` goes (the first sample always), at least 0 (a machine without graphs has
-    nothing more to pay: noise around 0)."""
-    penalty = curve.switch_penalty
-    samples = []
-    start = time.perf_counter()
-    for _ in range(max(1, runs)):
-        for w in widths:
-            samples.append(return_excess(lone_round_time(target, w, context=context),
-                                         curve(w) + penalty, curve(1) + penalty))
-            if budget_s is not None and time.perf_counter() - start > budget_s:
-                return max(float(np.median(samples)), 0.0)
-    return max(float(np.median(samples)), 0.0)
-
-
-def split_switch_penalty(interleaved: dict[int, float], steady_t1: float,
-                         min_fraction: float = 0.1) -> tuple[dict[int, float], float]:
-    """Interleaved measurements as (steady costs, switch penalty): the penalty is what t(1)
-    costs more after another shape, taken off every point (each of them followed another
-    shape); under ``min_fraction`` of the steady t(1) it is noise (a CPU has no such effect)
-    and the points stay as measured."""
-    penalty = interleaved.get(1, steady_t1) - steady_t1
-    if penalty < min_fraction * steady_t1:
-        return dict(interleaved), 0.0
-    return {n: max(t - penalty, 1e-6) for n, t in interleaved.items()}, penalty
-
-
-def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32,
-                       budget_s: float | None = None) -> float:
-    """Seconds per drafted token: n single-token decodes with one logit row each, as a drafter
-    makes them (after a warm-up call); the median of up to ``repeats`` such runs, each run only
-    if it fits in what is left of ``budget_s`` (the first always runs)."""
-    context = max(0, min(context, draft.n_ctx - n - 1))
-    prefix = _filler(draft, context)
-    filler = _filler(draft, n)
-    _timed_decode(draft, prefix, filler[:1], 1)
-    samples = []
-    start = time.perf_counter()
-    for _ in range(max(1, repeats)):
-        draft.sync(prefix)
-        t0 = time.perf_counter()
-        for tok in filler:
-            draft.decode([tok], 1)
-        samples.append((time.perf_counter() - t0) / n)
-        if budget_s is not None and time.perf_counter() - start + samples[-1] * n > budget_s:
-            break
-    return float(np.median(samples))
 
 
 @dataclass
@@ -195,15 +40,6 @@ class CostCurve:
     #: observations behind each point (a calibration measurement counts as one)
     counts: dict[int, int] = field(default_factory=dict)
     width: int = 0
-    #: seconds a call costs more when the call before it had another shape (see
-    #: :func:`measure_steady`); the points are the costs of repeated shapes
-    switch_penalty: float = 0.0
-    #: seconds a lone call of another width between plain steps costs beyond three switch
-    #: penalties (its own, and the two plain calls after it: one without a graph, one that
-    #: captures it): in llama.cpp's CUDA backend the capture of the plain step's graph and
-    #: the dearer first call after a replayed graph. 0 without a switch penalty. Measured by
-    #: :func:`measure_return_penalty`, refined by :meth:`observe_return`.
-    return_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.points:
@@ -303,31 +139,18 @@ class CostCurve:
             m[n, lo], m[n, hi] = 1.0 - w, w
         return m
 
-    def observe(self, n: int, seconds: float, switched: bool = False) -> None:
+    def observe(self, n: int, seconds: float) -> None:
         """Blend in the time a real call of n tokens took: a plain mean over the first few
         observations (one noisy calibration sample must not outweigh real rounds), then a
-        running average that follows the machine's load. ``switched``: the call replayed no
-        graph (the first or second of its width in a row), so it paid the switch penalty,
-        which is not part of t(n)."""
-        if switched:
-            if n == 1 and self.switch_penalty and not self.width:
-                # A plain call that paid a penalty says little of t(1), which thousands of
-                # replayed plain steps measure, and much of the penalties: the capture after
-                # a lone round costs ~2.5 steps on an H100, and blended in (capped at 2 t(1))
-                # it raised t(1) by ~20% for a few steps, making drafting look cheaper just
-                # after it had cost the most. :meth:`observe_return` learns from it instead.
-                return
-            seconds = max(seconds - self.switch_penalty, 1e-6)
+        running average that follows the machine's load."""
         if self.width:
             n, seconds = self.width, seconds / self._calls(n)
         # One call counts at most OUTLIER times what the curve says: a stalled call (seen on
         # a GPU: 17-25 ms for a 3-token call that costs ~3) must not become a point by itself;
-        # a real slow-down still shows within a few calls. Faster is taken as measured (a
-        # call cannot run faster than the machine does: the curve was pessimistic). What the
-        # curve says is taken as no less than any shorter point: scoring more tokens never
-        # costs less, and a curve that said so (an extension tilted by noise) clamped every
-        # real observation to twice its own mistake, which then tilted it further: t(33)
-        # fell to 0.01 ms on a noisy replay of this CPU.
+        # a real slow-down still shows within a few calls. Faster is taken as measured (the
+        # curve was pessimistic). What the curve says is taken as no less than any shorter
+        # point: scoring more tokens never costs less, and a curve that said so (an extension
+        # tilted by noise) would clamp every real observation to twice its own mistake.
         ref = self(n)
         at = bisect.bisect_left(self._ns, n)  # (n's index, or where it goes; 0 at a fixed width)
         if at:
@@ -345,13 +168,70 @@ class CostCurve:
             self._times = [self.points[m] for m in self._ns]
             self._times_array = self._weights = None
 
-    def observe_return(self, seconds: float) -> None:
-        """Blend in a sample of :attr:`return_penalty`: what a lone round from steady plain
-        decoding cost beyond the curve (its own call's time less t(w) + P, its two plain
-        steps' times less t(1) + P each). Capped at OUTLIER times the estimate or t(1),
-        whichever is more (a stalled call is not a penalty); at least 0."""
-        cap = OUTLIER * max(self.return_penalty, self(1))
-        self.return_penalty += _EMA * (min(max(seconds, 0.0), cap) - self.return_penalty)
+
+#: how a call relates to the calls before it (CallCosts.relation)
+SETTLED, SECOND, CHANGED = 0, 1, 2
+
+
+@dataclass
+class CallCosts:
+    """A target call's time given the calls before it: S(w) + U (a new width) or + C (the
+    second call of a width in a row); see the module's docstring. ``graphs``: the device keeps
+    a graph per width (else U and C stay 0, and every call's time is S's)."""
+
+    steady: CostCurve
+    changed: float = 0.0  #: U
+    second: float = 0.0  #: C
+    graphs: bool = False
+
+    def shape(self, n):
+        """The width of the call that scores n tokens (an int, or an array of them): n, or the
+        fixed width."""
+        width = self.steady.width
+        if not width:
+            return n
+        return width if isinstance(n, int) else np.full_like(n, width)
+
+    def relation(self, width: int, last: int | None, run: int) -> int:
+        if width != last:
+            return CHANGED
+        return SECOND if run == 1 else SETTLED
+
+    def entry(self, widths: np.ndarray, last: int | None, run: int,
+              goes_on: float = 1.0) -> np.ndarray:
+        """What calls at each of ``widths`` from here pay once, beyond S: a new width U now and
+        C on its second call, which comes with probability ``goes_on``; a width called once so
+        far C; a settled one nothing."""
+        if not self.graphs:
+            return np.zeros(len(widths))
+        return np.where(widths != last, self.changed + goes_on * self.second,
+                        self.second if run == 1 else 0.0)
+
+    def __call__(self, width: int, last: int | None, run: int) -> float:
+        rel = self.relation(width, last, run) if self.graphs else SETTLED
+        return self.steady(width) + (0.0, self.second, self.changed)[rel]
+
+    def least_after(self, width: int, last: int | None, run: int) -> "CallCosts":
+        """These costs with the excess that one more call of ``width`` (after ``run`` calls of
+        ``last``) would refine at its least: a sample is never below 0, so it keeps at least
+        1 - the running average's weight of itself. S is shared, not copied."""
+        rel = self.relation(width, last, run) if self.graphs else SETTLED
+        keep = 1.0 - _EMA
+        return CallCosts(self.steady, self.changed * (keep if rel == CHANGED else 1.0),
+                         self.second * (keep if rel == SECOND else 1.0), self.graphs)
+
+    def observe(self, width: int, last: int | None, run: int, seconds: float) -> None:
+        """A call of ``width`` after ``run`` calls of width ``last`` took ``seconds``: a settled
+        call refines S(width), another the excess of its relation (capped as S's samples are)."""
+        rel = self.relation(width, last, run) if self.graphs else SETTLED
+        if rel == SETTLED:
+            self.steady.observe(width, seconds)
+            return
+        base = self.steady(width)
+        attr = "changed" if rel == CHANGED else "second"
+        excess = getattr(self, attr)
+        sample = min(max(seconds - base, 0.0), OUTLIER * max(excess, base))
+        setattr(self, attr, excess + _EMA * (sample - excess))
 
 
 #: the most one observed call may differ from the curve, as a factor (CostCurve.observe)

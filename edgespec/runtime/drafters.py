@@ -24,7 +24,7 @@ import numpy as np
 from ..config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
 from ..core.lookup import LookupMatch, NgramIndex, common_prefix, find_continuation
 from ..core.dist import AnyDist
-from ..core.policy import AcceptanceEstimate, Realized, replays_graph
+from ..core.policy import Offer, RoundOutcome
 from ..core.sampling import SamplingParams, draft_distribution, window_distribution
 from ..errors import ConfigError
 from .cache import Follower
@@ -228,15 +228,11 @@ class ModelDrafter:
         #: single-token calls in a row so far (in this text): from the third on, a GPU
         #: replays the draft context's graph, and their time is the steady per-token price
         self._singles = 0
-        #: the last proposal: its calls after the first (the catch-up, which also gave the
-        #: first draft), the seconds and number of the steady ones among them (step_cost),
-        #: the tokens the first read and whether in one call, when it began and ended
-        self._steps = 0
+        #: the last proposal's steady calls (step_cost): their seconds and number, and when
+        #: the call before the next one ended
         self._steady_s = 0.0
         self._steady_n = 0
-        self._fed = 0
-        self._wide = False
-        self._start = self._end = self._last_end = 0.0
+        self._last_end = 0.0
 
     def propose(self, context, k, params, rng) -> Draft:
         k = min(k, self.model.n_ctx - len(context))
@@ -248,7 +244,7 @@ class ModelDrafter:
             n_cached = self._cache.sync(context, len(context) - 1)
         if context is not self._context:  # (another text: the prefill was a wide call)
             self._context, self._singles = context, 0
-        self._steps = self._steady_n = 0
+        self._steady_n = 0
         self._steady_s = 0.0
         if params.greedy and hasattr(self.model, "decode_argmax"):
             draft = self._propose_greedy(context[n_cached:], k, draft)
@@ -256,7 +252,6 @@ class ModelDrafter:
             draft = self._propose_on_device(context[n_cached:], k, params, rng, draft)
         else:
             draft = self._propose_host(context[n_cached:], k, params, rng, draft)
-        self._end = time.perf_counter()
         return draft
 
     def behind(self, context: list[int]) -> int:
@@ -276,24 +271,15 @@ class ModelDrafter:
         return behind > 1 and not (getattr(self.model, "graph_shapes", False)
                                    and behind <= SINGLE_CATCHUP)
 
-    def catch_up_excess(self, per_token: float) -> tuple[int, bool, float]:
-        """(tokens the last proposal read first, whether in one call, seconds its calls took
-        beyond one per drafted token at ``per_token``): what reading them cost, as
-        :meth:`~edgespec.core.policy.Policy.observe_catch_up` takes it."""
-        return self._fed, self._wide, self._end - self._start - per_token * (self._steps + 1)
-
     def step_cost(self) -> float | None:
         """Seconds per drafted token in the last proposal, as the calibration measures it
         (``measure_draft_cost``: single-token calls one after another), with the host's work
         on each: the mean of its calls after the first that were at least the third
         single-token call in a row, each from the end of the call before; None if none was.
-        The first call also reads what the text gained since the model last drafted (after a
-        stretch of lookup rounds, dozens of tokens), and on a GPU the two calls after a wide
-        one (the prefill, such a catch-up) run without a CUDA graph.
-        Counted in, one catch-up in a 1-token round raised the estimate from 1.3 to 8.6 ms
-        a token in ``scripts/gpu/replay.py`` of the 2026-11-28 H100's exact mode, and the
-        model, then rated a loser, never drafted again in that engine: ``auto`` ran code at
-        1.12x of ``none`` where ``model`` ran 1.77x (the lease itself: 1.14x and 1.88x)."""
+        The first call is left out: it also reads what the text gained since the model last
+        drafted (dozens of tokens after a stretch of lookup rounds), and on a GPU the two
+        calls after a wide one run without a graph; counted in, one catch-up would price the
+        model out of every round after it."""
         return self._steady_s / self._steady_n if self._steady_n else None
 
     def _stepped(self) -> None:
@@ -301,7 +287,6 @@ class ModelDrafter:
         call before it, so a drafted token's price holds the host's work on it too (a
         sampled draft's distribution: 0.1-0.5 ms a token beside an H100)."""
         now = time.perf_counter()
-        self._steps += 1
         self._singles += 1
         if self._singles >= 3:
             self._steady_s += now - self._last_end
@@ -368,17 +353,14 @@ class ModelDrafter:
         makes the next two pay again (~1.4 ms each for the 0.5B draft on an H100, against
         ~1.15 ms a replayed call); on the H100 a drafted token cost 1.7-2.5 ms in rounds that
         mostly accepted everything (2-token catch-ups) and ~1.4 ms where they rarely did."""
-        self._fed = len(feed)
-        self._start = time.perf_counter()
         if len(feed) > 1 and not self.wide(len(feed)):
             for token in feed[:-1]:
                 decode([token], 1, *args)
             self._singles += len(feed) - 1
             feed = feed[-1:]
-        self._wide = len(feed) > 1
         out = decode(feed, 1, *args)
         self._last_end = time.perf_counter()
-        self._singles = 0 if self._wide else self._singles + 1
+        self._singles = 0 if len(feed) > 1 else self._singles + 1
         return out
 
     def wants_prompt_cached(self, k: int) -> bool:
@@ -405,62 +387,17 @@ class HybridDrafter:
         return True
 
 
-#: What AutoDrafter assumes of how often a lookup round has a lookup draft to go on with in
-#: the round after it, before it has seen any, with two rounds' weight: none. A stretch is
-#: counted on once seen; until then a lookup round from plain decoding must pay its whole way
-#: in and back. (In ``scripts/gpu/replay.py`` a prior of 0.2 let lone rounds into generated
-#: code at 0.93x of ``none``, 0.5 at 0.91x; with 0 the worst of 14 prompts ran at 0.98x.)
-CONTINUE_PRIOR = 0.0
-
-
 class AutoDrafter:
-    """Cost-aware choice, every round, between plain decoding, lookup and the draft model.
+    """Each round, whichever of plain decoding, lookup and the draft model (and how many tokens)
+    :class:`~edgespec.core.policy.Policy` rates best: a thin adapter between the policy, which
+    decides and learns, and the drafters, which propose.
 
-    The lookup proposal is computed every round (it costs ~nothing) and compared with what the
-    round committed: for a one-hot draft x, P(accept) = p(x) = P(committed token == x), so this
-    shadow comparison estimates lookup's acceptance even in rounds that did not use it. The
-    draft model's acceptance is only learned when it drafts; it is tried again now and then if
-    it could pay at all under the cost curve (after RETRY_MIN rounds without it, twice as
-    long after each re-trial, up to REPROBE_ROUNDS; back to RETRY_MIN once a model round has
-    all its drafts accepted). Likewise, every REPROBE_ROUNDS rounds a lookup draft
-    longer than the best (if it is predicted to lose at most PROBE_SLACK) is played, so that the
-    curve's t(k + 1) are measured, not assumed from one calibration sample (on a GPU, only
-    within a stretch of drafting rounds). And what each source's rounds actually delivered is
-    kept (:class:`~edgespec.core.policy.Realized`): a source whose rounds gave fewer tokens per
-    second than plain steps sits out a while, whatever the estimates say.
+    The lookup proposal is made every round (it costs ~nothing) and compared with what the round
+    committed: for a one-hot draft x, P(accept) = p(x) = P(committed token == x), so this shadow
+    comparison estimates lookup's acceptance even in rounds that did not use it.
     """
 
     name = "auto"
-
-    #: Rounds between cost probes, and the longest wait for the draft model's re-trial.
-    REPROBE_ROUNDS = 64
-    #: Rounds without the draft model after which it gets its first re-trial (if it could
-    #: pay). A trial at the prior drafts one token, and one rejection (a 10-20% chance where
-    #: the model is right 80-90% of the time) rates it a loser: a fixed wait of 64 rounds then
-    #: kept it out of half an answer. In ``scripts/gpu/replay.py`` of the 2026-11-28 H100's
-    #: exact mode (where the model pays), code and chat ran 1.00-1.20x of ``none`` so, and
-    #: 1.08-1.38x with re-trials after 8, 16, 32, 64 rounds.
-    RETRY_MIN = 8
-
-    #: Holding a width with the draft model (off at 0; an experiment for the next GPU lease,
-    #: ``auto-hold`` in ``scripts/gpu/auto_variants.py``). On a GPU, where a call of a new
-    #: width costs a switch penalty, ``hybrid`` beat ``auto`` on 6 of 7 edits in the H200 lease
-    #: (type-hints 1.45x against 1.01x) though the draft model alone lost there: its rounds keep
-    #: every call HOLD_K + 1 wide, so lookup's rounds between them replay one graph. With
-    #: HOLD_K > 0 and a draft model, while lookup's first token has been right in at least
-    #: HOLD_ENTER of recent rounds (a copy-heavy answer), auto plays such rounds itself: lookup's
-    #: draft (up to HOLD_K tokens) where it offers one, else HOLD_K from the draft model; below
-    #: HOLD_EXIT it goes back to its own choices. The rounds are judged together as the source
-    #: "hold" (:class:`~edgespec.core.policy.Realized`): losing, they sit out.
-    HOLD_K = 0
-    HOLD_ENTER = 0.6
-    HOLD_EXIT = 0.4
-    #: With HOLD_K: where lookup offers more than HOLD_K tokens, its draft is played as auto's
-    #: own choice would play it (a longer one where the policy rates that best) rather than
-    #: cut to HOLD_K. The 2026-11-28 lease's ``auto-hold`` ran type-hints at 1.20x of ``auto``
-    #: but rename at 0.86x, where lookup's long drafts pay most; an experiment for the next
-    #: lease (``auto-holdlong`` in ``scripts/gpu/auto_variants.py``).
-    HOLD_LONG = False
 
     def __init__(self, policy, lookup: LookupDrafter, model: ModelDrafter | None = None) -> None:
         self.policy = policy
@@ -468,211 +405,50 @@ class AutoDrafter:
         self.model = model
         self.choices: dict[int, int] = {}  #: k -> rounds (k = 0: plain decoding step)
         self._shadow: Draft | None = None
-        self._since_model = 0
-        self._retry_after = self.RETRY_MIN  #: rounds without the model before its re-trial
-        self._since_probe = 0
-        self._last_shape: int | None = None  #: width of the last target call (None: prefill)
-        self._run = 0  #: calls of that width in a row
-        #: how often a lookup round had a lookup draft to go on with in the round after it
-        #: (the same estimator as an acceptance rate: a prior, then what was seen, forgetting)
-        self._goes_on = AcceptanceEstimate(CONTINUE_PRIOR)
-        self._after_lookup = False  #: whether the last round drafted with lookup
-        self._after_model = False  #: whether the last drafting round drafted with the model
-        self.realized = Realized(policy.curve(1))
         policy.max_ngram = lookup.max_ngram  # (where the policy's chain of estimates ends)
-        #: how often lookup's first token was the one committed, per round (prior: never)
-        self._hits = AcceptanceEstimate(0.0)
-        self._holding = False  #: whether the last round was a held one
-        #: a lone round's cost beyond the curve so far, and plain steps seen after it (or None)
-        self._return: tuple[float, int] | None = None
 
     def propose(self, context, k, params, rng) -> Draft:
         t0 = time.perf_counter()
-        shadow = self.lookup.propose(context, k, params, rng)
+        shadow = self._shadow = self.lookup.propose(context, k, params, rng)
         self.policy.lookup_cost.observe(time.perf_counter() - t0)
-        self._shadow = shadow
-        offer = (k, len(shadow.tokens), shadow.ngram)
-        if self._after_lookup:
-            self._goes_on.update(bool(shadow.tokens), not shadow.tokens)
-        realized = self.realized
-        if self.HOLD_K and k > 0 and self._may_hold():
-            self._since_probe += 1
-            self._since_model = 0
-            n = min(self.HOLD_K, k, len(shadow.tokens)) if shadow.tokens else min(self.HOLD_K, k)
-            if self.HOLD_LONG and len(shadow.tokens) > n:
-                own = self.policy.choose(
-                    *offer, last_shape=self._last_shape, last_run=self._run,
-                    continue_rate=self._goes_on.alpha, lookup=True, model=False)
-                if own.source == "lookup" and own.k > n:
-                    n = own.k
-            self.choices[n] = self.choices.get(n, 0) + 1
-            if shadow.tokens:
-                return Draft(shadow.tokens[:n], shadow.q[:n], "lookup", shadow.ngram)
-            return self.model.propose(context, n, params, rng)
-        model_allowed = realized.allowed("model")
-        lookup_allowed = realized.allowed("lookup")
-        no_offer = not (shadow.tokens and lookup_allowed)
-        model_on = self.model is not None and model_allowed
-        waits = self._since_model < self._retry_after
-        policy, last, run = self.policy, self._last_shape, self._run
-        # The draft model's last rating, where it still serves, says what a choice would (on a
-        # GPU it declines the model in every plain step). Declined in step, it is declined
-        # whatever it has to read (reading only costs more): what that is is only looked at
-        # where it may draft.
-        declined = no_offer and model_on and waits and policy.model_declines(k, last, run)
-        behind, wide = 1, False
-        if model_on and not declined:
-            behind = self.model.behind(context)
-            wide = self.model.wide(behind)
-            declined = (no_offer and waits and behind > 1
-                        and policy.model_declines(k, last, run, behind, wide))
-        if no_offer and (not model_on or declined):
-            # Nothing may or would draft: a plain step without a choice (most rounds of free
-            # text; a choice costs ~40 µs in the cold caches after a decode, 2% of a GPU
-            # token).
-            self._since_probe += 1
-            self._since_model += 1
-            self.choices[0] = self.choices.get(0, 0) + 1
-            return Draft(source="none")
-        calls = {"last_shape": self._last_shape, "last_run": self._run,
-                 "continue_rate": self._goes_on.alpha, "lookup": lookup_allowed,
-                 "model": model_allowed, "behind": behind, "wide": wide}
-        choice = self.policy.choose(*offer, **calls)
-        if (choice.source == "none" and model_on
-                and self._since_model >= self._retry_after):
-            # Considered once per wait, taken or not: re-deciding every round after a
-            # declined trial cost two more choices a round (~5% of a GPU token).
-            self._since_model = 0
-            self._retry_after = min(2 * self._retry_after, self.REPROBE_ROUNDS)
-            if self.policy.model_can_pay(k):
-                self.policy.model.successes = self.policy.model.failures = 0.0  # forget: re-learn
-                # Rated as if in step: what the model must read first grows with every round
-                # it sits out, and any return pays it; rated with it, a re-trial after a long
-                # wait never drafted, and a model refused early in an answer sat out the rest
-                # (prose, then code: 1.29x of none against 1.46x in scripts/gpu/replay.py's
-                # exact mode, the model drafter 1.44x).
-                choice = self.policy.choose(*offer, **{**calls, "behind": 1, "wide": False})
-        self._since_probe += 1
-        # With a switch penalty (a GPU), only within a stretch of drafting rounds: a probe from
-        # plain decoding is a lone round, 3P dearer than plain steps, for a rate that rests on
-        # an estimate it may prove wrong (3-5% of an answer on chat in scripts/gpu/replay.py).
-        if (choice.source != "model" and shadow.tokens and calls["lookup"]
-                and self._since_probe >= self.REPROBE_ROUNDS
-                and not (self.policy.curve.switch_penalty and self._last_shape in (None, 1))):
-            probe = self.policy.choose(*offer, probe=True, longer_than=choice.k, **calls)
-            if probe.k:
-                choice, self._since_probe = probe, 0
+        model = self.model is not None and self.policy.model_may_draft()
+        behind = self.model.behind(context) if model else 1
+        choice = self.policy.choose(Offer(k, len(shadow.tokens), shadow.ngram, model, behind,
+                                          model and self.model.wide(behind)))
         self.choices[choice.k] = self.choices.get(choice.k, 0) + 1
         if choice.source == "lookup":
             return Draft(shadow.tokens[: choice.k], shadow.q[: choice.k], "lookup", shadow.ngram)
-        if choice.source == "model" and self.model is not None:
-            self._since_model = 0
+        if choice.source == "model":
             return self.model.propose(context, choice.k, params, rng)
-        self._since_model += 1
         return Draft(source="none")
 
     def plain_next(self, k_max: int) -> bool:
         """Whether the round after this one (a plain step, proposed and not yet observed) will
-        be a plain step again, whatever token the step commits: then an asynchronous loop
-        launches it before this drafter's work on it (its ``observe``, the lookup proposal,
-        the choice), which runs while the device computes. Asked after a plain step's call is
-        launched; the choice itself is still made, and must come out plain. False where a
-        draft could be chosen: the draft model's re-trial is due, holding, or
-        :meth:`~edgespec.core.policy.Policy.plain_assured`'s bound allows a draft."""
-        if self.HOLD_K:
-            return False
-        realized = self.realized
-        upcoming = realized.round + 1  # (the Realized round that choice is made in)
-        model = self.model is not None and upcoming >= realized.banned_until.get("model", 0)
-        if (model and self._since_model >= self._retry_after
-                and self.policy.retrial_may_pay(k_max)):
-            return False
-        if not self.policy.curve.switch_penalty and self._since_probe + 1 >= self.REPROBE_ROUNDS:
-            return False  # (a cost probe may be played from plain decoding)
-        run = self._run + 1 if self._last_shape == 1 else 1
+        be plain too, whatever token the step commits (:meth:`Policy.plain_assured
+        <edgespec.core.policy.Policy.plain_assured>`): then an asynchronous loop launches it
+        before this drafter's work on it, which runs while the device computes."""
         shadow = self._shadow
         return self.policy.plain_assured(
-            k_max, run=run, continue_rate=self._goes_on.alpha,
-            lookup=upcoming >= realized.banned_until.get("lookup", 0), model=model,
-            moved=shadow.ngram if shadow is not None and shadow.tokens else 0)
-
-    def _observe_return(self, shape: int, seconds: float) -> None:
-        """Follow a lone round from steady plain decoding to the end of its way back (two plain
-        steps) and give the curve what it cost beyond 3P and the curve's t
-        (:meth:`~edgespec.core.costs.CostCurve.observe_return`). Before the curve takes the
-        call in: the sample is against the curve the choice was made with."""
-        curve = self.policy.curve
-        extra = seconds - curve(shape) - curve.switch_penalty
-        if self._return is not None:
-            if shape != 1:  # a stretch went on: not a lone round
-                self._return = None
-                return
-            total, steps = self._return
-            if steps == 1:
-                self._return = None
-                curve.observe_return(total + extra)
-            else:
-                self._return = (total + extra, steps + 1)
-        elif shape != 1 and self._last_shape == 1 and self._run >= 2:
-            self._return = (extra, 0)
-
-    def _may_hold(self) -> bool:
-        """With HOLD_K set, whether this round is a held one: on a machine with a switch
-        penalty, a draft model at hand, "hold" not set aside, and lookup right often enough
-        lately."""
-        if (self.model is None or not self.policy.curve.switch_penalty
-                or not self.realized.allowed("hold")):
-            self._holding = False
-        else:
-            rate = self._hits.alpha
-            self._holding = rate >= (self.HOLD_EXIT if self._holding else self.HOLD_ENTER)
-        return self._holding
+            k_max, moved=shadow.ngram if shadow is not None and shadow.tokens else 0)
 
     def wants_prompt_cached(self, k: int) -> bool:
         """Only if the draft model could pay at all: otherwise its prefill is wasted time."""
-        if self.HOLD_K and self.model is not None:
-            return True
         return self.model is not None and self.policy.model_can_pay(k)
 
     def observe(self, outcome: Outcome) -> None:
-        """Learn from a round: acceptance of each source, and what the calls cost."""
-        policy = self.policy
-        n = outcome.drafted + 1
-        shape = policy.curve.shape(n)
-        replayed = replays_graph(shape, self._last_shape, self._run)
-        if policy.curve.switch_penalty and not policy.curve.width:
-            self._observe_return(shape, outcome.t_target)
-        policy.curve.observe(n, outcome.t_target, switched=not replayed)
-        self._last_shape, self._run = shape, self._run + 1 if shape == self._last_shape else 1
-        shadow = self._shadow
-        hit = False
+        """Hand the round to the policy, with lookup's shadow verdict and the draft's price."""
+        shadow, lookup = self._shadow, None
         if shadow is not None and shadow.tokens:
             matched = common_prefix(shadow.tokens, outcome.new_tokens)
             # A mismatch is only seen if the round committed a token at that position.
-            seen_mismatch = matched < min(len(shadow.tokens), len(outcome.new_tokens))
-            policy.observe_lookup(shadow.ngram, matched, seen_mismatch)
-            hit = matched > 0
-        if self.HOLD_K:
-            self._hits.update(int(hit), not hit)
+            lookup = (shadow.ngram, matched,
+                      matched < min(len(shadow.tokens), len(outcome.new_tokens)))
         draft = outcome.draft
         source = draft.source if draft is not None and outcome.drafted else "none"
-        if self._holding and source != "none":
-            source = "hold"
-        self._after_lookup = source == "lookup"
-        if source in ("model", "lookup"):
-            if self._after_model:
-                policy.model_goes_on.update(int(source == "model"), source == "lookup")
-            self._after_model = source == "model"
-        self.realized.record(source, len(outcome.new_tokens), outcome.t_draft + outcome.t_target)
-        if draft is not None and draft.source == "model" and outcome.drafted:
-            policy.model.update(outcome.accepted, outcome.accepted < outcome.drafted)
-            if outcome.accepted == outcome.drafted:
-                self._retry_after = self.RETRY_MIN
-            if policy.draft_cost is not None and self.model is not None:
-                step = self.model.step_cost()
-                if step is not None:
-                    policy.draft_cost.observe(step)
-                policy.observe_catch_up(*self.model.catch_up_excess(policy.draft_cost.seconds))
+        step = self.model.step_cost() if source == "model" and self.model is not None else None
+        self.policy.observe(RoundOutcome(
+            source, outcome.drafted + 1, outcome.drafted, outcome.accepted,
+            len(outcome.new_tokens), outcome.t_target, outcome.t_draft, lookup, step))
 
 
 def check_drafter_name(name: str) -> str:

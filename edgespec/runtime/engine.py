@@ -18,24 +18,16 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .. import config
-from ..core.costs import (
-    CostCurve,
-    measure_draft_cost,
-    measure_return_penalty,
-    measure_steady,
-    measure_target_curve,
-    split_switch_penalty,
-    warm_widths,
-)
-from ..core.policy import CostEstimate, Policy
+from ..core.costs import CallCosts
+from ..core.policy import DEFAULT_CONFIG, CostEstimate, Policy, PolicyConfig
 from ..core.rejection import Source
 from ..core.sampling import SamplingParams, make_rng
 from ..core.stats import Stats
 from ..core.textstream import TextStream
 from ..errors import ConfigError, ContextOverflowError, EdgespecError, IncompatibleDraftError
 from .allocator import keep_freed_memory
+from .calibration import measure_call_costs, measure_draft_cost, warm_widths
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
-from .kernels import BATCH_DEPENDENT, mode_of
 from .loop import prefill, rounds
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
@@ -190,11 +182,11 @@ def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
 
 @dataclass
 class Costs:
-    """This machine's measured costs: the target's t(n) curve and the draft model's seconds
+    """This machine's measured costs: the target's call costs and the draft model's seconds
     per token, both as calibrated and refined by every round that ``auto`` plays, in this
     generation and the next (``draft_per_token`` stays the calibration's figure)."""
 
-    target: CostCurve
+    target: CallCosts
     draft_per_token: float | None
     calibration_seconds: float
     draft: CostEstimate | None = field(init=False, default=None)
@@ -238,6 +230,8 @@ class Engine:
             raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
         self.draft_length = validate_draft_length(draft_length)
         self.costs: Costs | None = None
+        #: the ``auto`` drafter's tunables (an experiment is another config)
+        self.policy_config: PolicyConfig = DEFAULT_CONFIG
         #: call widths each model has run once (:meth:`_warm`): (target's, draft's)
         self._warmed: tuple[set[int], set[int]] = (set(), set())
         #: the draft :meth:`load` picked for the target, and why (``None``: none was picked)
@@ -402,9 +396,10 @@ class Engine:
         return "device" if getattr(self.draft, "device_window", False) else "host"
 
     def calibrate(self, *, force: bool = False) -> Costs:
-        """Measure t(n) of the target (n in CALIBRATION_POINTS, as the time budget allows) and the
-        draft model's per-token cost: about a second on a small CPU, far less on a GPU.
-        Done once per engine (``force`` re-measures); ``auto`` refines the curve as it runs."""
+        """Measure the target's call costs (:class:`~edgespec.core.costs.CallCosts`: S(n) at
+        CALIBRATION_POINTS as the time budget allows; on a device with a graph per width, U and
+        C) and the draft model's per-token cost: about a second on a small CPU. Done once per
+        engine (``force`` re-measures); ``auto`` refines them as it runs."""
         if self.costs is not None and not force:
             return self.costs
         with self._exclusive():
@@ -412,23 +407,14 @@ class Engine:
             start = time.perf_counter()
             # at a fixed width every call up to that width costs the same: one price to measure
             width = getattr(self.target, "fixed_width", 0)
-            points = (width,) if width else config.CALIBRATION_POINTS
-            curve = measure_target_curve(self.target, points, repeats=config.CALIBRATION_REPEATS,
-                                         budget_s=config.CALIBRATION_BUDGET_S)
-            penalty = 0.0
-            # A call that changes width costs more on a GPU (no replayed CUDA graph), and the
-            # way back to plain decoding more still; the CPU's exact mode has no such effect,
-            # and a fixed width has one shape only.
-            if not width and len(curve) > 1 and mode_of(self.target) == BATCH_DEPENDENT:
-                curve, penalty = split_switch_penalty(curve, measure_steady(self.target, 1))
-            target_curve = CostCurve(curve, width=width, switch_penalty=penalty)
-            if penalty:
-                target_curve.return_penalty = measure_return_penalty(
-                    self.target, target_curve, budget_s=config.RETURN_CALIBRATION_BUDGET_S)
+            target = measure_call_costs(
+                self.target, config.CALIBRATION_POINTS, width=width,
+                graphs=bool(getattr(self.target, "graph_shapes", False)),
+                repeats=config.CALIBRATION_REPEATS, budget_s=config.CALIBRATION_BUDGET_S)
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
                                              budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
                           if self.draft is not None else None)
-            self.costs = Costs(target_curve, draft_cost, time.perf_counter() - start)
+            self.costs = Costs(target, draft_cost, time.perf_counter() - start)
         return self.costs
 
     def _warm(self, upto: int, *, draft: bool) -> None:
@@ -450,7 +436,7 @@ class Engine:
 
     def _policy(self) -> Policy:
         costs = self.costs if self.costs is not None else self.calibrate()
-        return Policy(costs.target, costs.draft)
+        return Policy(costs.target, costs.draft, self.policy_config)
 
     def close(self) -> None:
         """Free both models.

@@ -1,29 +1,17 @@
-"""``auto`` against ``none`` and against variants of its own policy, on one loaded engine.
+"""``auto`` against ``none`` and against variants of its policy, on one loaded engine.
 
 On a lent GPU the models load once per lease and a 128-token run takes a fraction of a second,
-so the questions "where does ``auto`` lose against plain decoding, and which part of its policy
-costs it" are cheap to answer in the same process: every configuration runs on every bench
-prompt, interleaved (order rotated each repeat), and each variant changes one thing:
+so "where does ``auto`` lose against plain decoding, and which part of its policy costs it" is
+cheap to answer in the same process: every configuration runs on every bench prompt,
+interleaved (order rotated each repeat). Each variant is a :class:`PolicyConfig
+<edgespec.core.policy.PolicyConfig>` that changes one thing (or no draft model):
 
 - ``auto``: as shipped;
-- ``auto-lookup``: no draft model (its trials and re-trials cost nothing);
-- ``auto-noreprobe``: no re-trial of the draft model and no cost probe of longer lookup drafts;
-- ``auto-noguard``: no check of what each source delivered (``policy.Realized``: a source
-  whose rounds deliver less than plain steps sits out);
-- ``auto-nopenalty``: the width-switch penalty measured at calibration is not charged;
-- ``auto-noreturn``: no return penalty (``CostCurve.return_penalty`` at 0 and not learned):
-  the code before it, which charged a lone round 3P where the 2026-11-28 lease's ``bench``
-  fitted ~3P + 5 ms;
-- ``auto-workfirst``: no plain step launched before ``auto``'s work on it (``plain_next``
-  always False: the code the 2026-11-28 lease measured, where ``auto``'s plain steps ran
-  0.93-0.98x of ``none``);
-- ``auto-hold``: an experiment, not yet shipped (``AutoDrafter.HOLD_K`` = 4): where lookup has
-  been right in most recent rounds, every round 5 wide, lookup's draft where it offers one and
-  the draft model's elsewhere, as ``hybrid`` plays (which beat ``auto`` on 6 of 7 edits in the
-  H200 lease), judged as one source by the guard;
-- ``auto-holdlong``: ``auto-hold`` that plays lookup's drafts longer than 4 where auto's own
-  choice would (``AutoDrafter.HOLD_LONG``): the 2026-11-28 lease's ``auto-hold`` won on
-  type-hints (1.20x of ``auto``) and lost on rename (0.86x), where long drafts pay.
+- ``auto-lookup``: no draft model;
+- ``auto-noguard``: no check of what each source delivered (``guard_fraction`` 0);
+- ``auto-nostretch``: one-time width costs charged in full to one round (``max_stretch`` 1);
+- ``auto-noretrial``: the draft model's acceptance never forgotten (``retrial_wait`` huge);
+- ``auto-prior5``: the draft model's prior acceptance 0.5 instead of 0.7.
 
 Prints tok/s per prompt, each configuration's ratio to ``none`` (geometric mean and worst
 prompt), and what ``auto`` chose (rounds per source; plain steps); ``--json`` keeps every run.
@@ -34,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -45,64 +34,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import edgespec  # noqa: E402,F401  (the C++ runtime made global before llama.cpp loads)
 from edgespec.bench.prompts import load_prompts  # noqa: E402
 from edgespec.bench.run import Config, EdgespecRunner, rotate  # noqa: E402
-from edgespec.core import policy as policy_module  # noqa: E402
+from edgespec.core.policy import DEFAULT_CONFIG  # noqa: E402
 from edgespec.core.sampling import SamplingParams  # noqa: E402
-from edgespec.runtime import drafters as drafters_module  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402
 
-VARIANTS = ("auto", "auto-noreturn", "auto-workfirst", "auto-lookup", "auto-noreprobe",
-            "auto-noguard", "auto-nopenalty", "auto-hold", "auto-holdlong")
+#: variant -> (its config's changes, whether the draft model is loaded for it)
+VARIANTS: dict[str, tuple[dict, bool]] = {
+    "auto": ({}, True),
+    "auto-lookup": ({}, False),
+    "auto-noguard": ({"guard_fraction": 0.0}, True),
+    "auto-nostretch": ({"max_stretch": 1.0}, True),
+    "auto-noretrial": ({"retrial_wait": (10 ** 9, 10 ** 9)}, True),
+    "auto-prior5": ({"model_prior": 0.5}, True),
+}
 
 
 @contextlib.contextmanager
 def variant(engine: Engine, name: str):
-    """Patch one part of auto's policy for the duration of a run."""
-    saved_policy = engine._policy
-    saved_guard = policy_module.GUARD_FRACTION
-    saved_reprobe = drafters_module.AutoDrafter.REPROBE_ROUNDS
-    saved_retry = drafters_module.AutoDrafter.RETRY_MIN
-    saved_hold = drafters_module.AutoDrafter.HOLD_K
-    saved_next = drafters_module.AutoDrafter.plain_next
-    saved_long = drafters_module.AutoDrafter.HOLD_LONG
-    curve = engine.costs.target
-    saved_penalty, saved_return = curve.switch_penalty, curve.return_penalty
+    """The engine with one variant's policy config (and draft model or none) for a run."""
+    changes, model = VARIANTS.get(name, ({}, True))
+    saved = engine.policy_config, engine.draft
+    engine.policy_config = dataclasses.replace(DEFAULT_CONFIG, **changes)
+    if not model:
+        engine.draft = None
     try:
-        if name == "auto-lookup":
-            def no_model():
-                p = saved_policy()
-                p.draft_cost = None
-                return p
-            engine._policy = no_model
-        elif name == "auto-noreprobe":
-            drafters_module.AutoDrafter.REPROBE_ROUNDS = 10 ** 9
-            drafters_module.AutoDrafter.RETRY_MIN = 10 ** 9
-        elif name == "auto-noguard":
-            policy_module.GUARD_FRACTION = 0.0
-        elif name == "auto-nopenalty":
-            curve.switch_penalty = 0.0
-        elif name == "auto-noreturn":
-            curve.return_penalty = 0.0
-            curve.observe_return = lambda seconds: None
-        elif name == "auto-hold":
-            drafters_module.AutoDrafter.HOLD_K = 4
-        elif name == "auto-holdlong":
-            drafters_module.AutoDrafter.HOLD_K = 4
-            drafters_module.AutoDrafter.HOLD_LONG = True
-        elif name == "auto-workfirst":
-            drafters_module.AutoDrafter.plain_next = lambda self, k_max: False
         yield
     finally:
-        engine._policy = saved_policy
-        policy_module.GUARD_FRACTION = saved_guard
-        drafters_module.AutoDrafter.REPROBE_ROUNDS = saved_reprobe
-        drafters_module.AutoDrafter.RETRY_MIN = saved_retry
-        drafters_module.AutoDrafter.HOLD_K = saved_hold
-        drafters_module.AutoDrafter.plain_next = saved_next
-        drafters_module.AutoDrafter.HOLD_LONG = saved_long
-        curve.switch_penalty = saved_penalty
-        if name == "auto-noreturn":
-            del curve.observe_return
-            curve.return_penalty = saved_return
+        engine.policy_config, engine.draft = saved
 
 
 def main() -> None:
@@ -119,11 +77,10 @@ def main() -> None:
     engine = Engine.load(a.target, a.draft, n_gpu_layers=a.ngl, draft_n_gpu_layers=a.ngl,
                          progress=False)
     costs = engine.calibrate()
-    curve = costs.target
-    print(f"calibration: t(1) {curve(1) * 1e3:.2f} ms, t(4) {curve(4) * 1e3:.2f}, t(8) "
-          f"{curve(8) * 1e3:.2f}, t(16) {curve(16) * 1e3:.2f}, t(33) {curve(33) * 1e3:.2f}; "
-          f"switch penalty {curve.switch_penalty * 1e3:.2f} ms, return penalty "
-          f"{curve.return_penalty * 1e3:.2f} ms; draft "
+    call, curve = costs.target, costs.target.steady
+    print(f"calibration: S(1) {curve(1) * 1e3:.2f} ms, S(4) {curve(4) * 1e3:.2f}, S(8) "
+          f"{curve(8) * 1e3:.2f}, S(16) {curve(16) * 1e3:.2f}, S(33) {curve(33) * 1e3:.2f}; "
+          f"U {call.changed * 1e3:.2f} ms, C {call.second * 1e3:.2f} ms; draft "
           f"{(costs.draft_per_token or 0) * 1e3:.2f} ms/token", flush=True)
     runner = EdgespecRunner(engine)
     greedy = SamplingParams(temperature=0.0)
@@ -173,8 +130,8 @@ def main() -> None:
         print(f"{v:<24}" + "".join(f"{c:>15}" for c in cells))
     if a.json:
         Path(a.json).write_text(json.dumps({"calibration": {
-            "points": {str(k): v for k, v in curve.points.items()} if hasattr(curve, "points") else None,
-            "switch_penalty": curve.switch_penalty, "return_penalty": curve.return_penalty,
+            "points": {str(k): v for k, v in curve.points.items()},
+            "changed": call.changed, "second": call.second,
             "draft_per_token": costs.draft_per_token},
             "runs": runs}, indent=1))
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import ast
 import bisect
+import dataclasses
 import json
 import math
 import pickle
@@ -80,6 +81,10 @@ CALIBRATIONS = {
 # token, so a penalised call costs ~1.2 ms more. Wider calls scale like the target's.
 DRAFT_STEADY_1 = 1.15e-3
 DRAFT_PENALTY = 1.2e-3
+
+
+def _ms(points: dict[int, float]) -> dict[int, float]:
+    return {n: round(t * 1e3, 2) for n, t in sorted(points.items())}
 
 
 def interpolate(table: dict[int, float], width: int) -> float:
@@ -156,9 +161,13 @@ def sweep_devices(sweep: dict) -> tuple[Device, Device]:
     steady = {int(n): t for n, t in sweep["target_curve_repeated"].items()}
     switched = {int(n): t for n, t in sweep["target_curve"].items()}
     scale = sweep["draft_cost_per_token"] / steady[1]
-    return (Device(lambda w: interpolate(steady, w),
-                   lambda w: max(interpolate(switched, w) - interpolate(steady, w), 0.0)),
-            Device(lambda w: scale * interpolate(steady, w), lambda w: DRAFT_PENALTY))
+    target = Device(lambda w: interpolate(steady, w),
+                    lambda w: max(interpolate(switched, w) - interpolate(steady, w), 0.0))
+    second = sweep.get("target_curve_second")  # (a newer sweep: the capture, measured)
+    if second:
+        target.capture_cost = statistics.median(
+            max(t - steady[int(n)], 0.0) - target.penalty(int(n)) for n, t in second.items())
+    return target, Device(lambda w: scale * interpolate(steady, w), lambda w: DRAFT_PENALTY)
 
 
 def draft_device(steady_1: float = DRAFT_STEADY_1) -> Device:
@@ -251,13 +260,14 @@ class Replayed:
         return pick
 
     def decode(self, tokens, n_logits: int):
-        if n_logits:
-            raise NotImplementedError("the replay is greedy only: decode_argmax")
+        """A call whose rows nobody reads (a prefill; a calibration's or warm-up's call): its
+        time only, and rows of zeros."""
         t0 = time.perf_counter()
         self.tokens.extend(tokens)
         seconds = self.device.call(len(tokens))
         self.clock.excluded += time.perf_counter() - t0
         self.clock.device += seconds
+        return np.zeros((n_logits, 1), np.float32) if n_logits else None
 
     def decode_argmax(self, tokens, n_logits: int):
         t0 = time.perf_counter()
@@ -410,7 +420,8 @@ def main() -> None:
     if args.machine:
         calibration = json.loads(Path(args.machine).read_text())["machine"]["calibration"]
         points = {int(n): t for n, t in calibration["target_curve"].items()}
-        penalty, per_token = calibration["switch_penalty"], calibration["draft_per_token"]
+        penalty = calibration.get("switch_penalty", calibration.get("changed", 0.0))
+        per_token = calibration["draft_per_token"]
         devices = (measured_device(points, penalty),  # (a draft call: n tokens, n x its cost)
                    measured_device({1: per_token, 2: 2 * per_token}, 0.0))
         where = f"the machine {args.machine} calibrated"
@@ -428,25 +439,46 @@ def main() -> None:
         steady, penalty_of = scaled.steady, scaled.penalty
         scaled.steady = lambda w: args.draft_scale * steady(w)
         scaled.penalty = lambda w: args.draft_scale * penalty_of(w)
+    new_policy = hasattr(costs_module, "CallCosts")  # (else an older tree: its own knobs)
     for setting in args.auto_set:
         name, value = setting.split("=", 1)
-        getattr(drafters_module.AutoDrafter, name)  # (an attribute it has: a typo fails here)
-        setattr(drafters_module.AutoDrafter, name, ast.literal_eval(value))
+        if new_policy:  # a PolicyConfig field (a typo fails in replace)
+            engine.policy_config = dataclasses.replace(engine.policy_config,
+                                                       **{name: ast.literal_eval(value)})
+        else:
+            getattr(drafters_module.AutoDrafter, name)  # (an attribute it has)
+            setattr(drafters_module.AutoDrafter, name, ast.literal_eval(value))
     target = Replayed("target", engine.target, memo, devices[0], clock)
     draft = Replayed("draft", engine.draft, memo, devices[1], clock)
-    on_gpu = bool(penalty) or bool(args.fixed_width)
-    target.graph_shapes, draft.graph_shapes = bool(penalty), on_gpu  # (as the backend has them)
+    graphs = bool(penalty) or bool(args.sweep)
+    on_gpu = graphs or bool(args.fixed_width)
+    target.graph_shapes, draft.graph_shapes = graphs and not args.fixed_width, on_gpu  # (as the backend has them)
     target.asynchronous = draft.asynchronous = not args.in_order and on_gpu
-    target.device.capture_cost = args.capture_ms * 1e-3
+    if args.capture_ms or not target.device.capture_cost:
+        target.device.capture_cost = args.capture_ms * 1e-3
     if args.jitter or args.drift:
         noise_rng = np.random.default_rng(args.seed)
         target.device.noise = draft.device.noise = (noise_rng, args.jitter, args.drift)
-    curve = CostCurve(dict(points), width=args.fixed_width, switch_penalty=penalty)
-    # (what a calibration there measures: measure_return_penalty finds the capture's cost in
-    # this model of the device; an older tree ignores it)
-    curve.return_penalty = (args.capture_ms if args.policy_capture_ms is None
-                            else args.policy_capture_ms) * 1e-3 if penalty else 0.0
-    engine.costs = engine_module.Costs(curve, per_token, 0.0)
+    if new_policy:  # the engine's own calibration, on the virtual devices
+        from edgespec.runtime import calibration as calibration_module
+
+        calibration_module.time = virtual
+        real_target, real_draft = engine.target, engine.draft
+        engine.target, engine.draft = target, draft
+        target.fixed_width = args.fixed_width
+        costs = engine.calibrate(force=True)
+        engine.target, engine.draft = real_target, real_draft
+        curve = costs.target.steady
+        print(f"calibrated: S {_ms(curve.points)} ms, U {costs.target.changed * 1e3:.2f} ms, "
+              f"C {costs.target.second * 1e3:.2f} ms, draft {costs.draft_per_token * 1e3:.2f} "
+              "ms a token", file=sys.stderr)
+    else:
+        curve = CostCurve(dict(points), width=args.fixed_width, switch_penalty=penalty)
+        # (what a calibration there measures: measure_return_penalty finds the capture's cost
+        # in this model of the device)
+        curve.return_penalty = (args.capture_ms if args.policy_capture_ms is None
+                                else args.policy_capture_ms) * 1e-3 if penalty else 0.0
+        engine.costs = engine_module.Costs(curve, per_token, 0.0)
     prompts = load_prompts(args.prompt_file)
     if args.prompts:
         keep = set(args.prompts.split(","))
@@ -500,8 +532,7 @@ def main() -> None:
                        for m in (target, draft) for key, count in m.device.counts().items()}})
             memo.save()
         print(f"repeat {rep + 1}: {memo.misses} model calls here so far; auto's curve now "
-              f"{ {n: round(t * 1e3, 2) for n, t in sorted(curve.points.items())} } ms",
-              file=sys.stderr)
+              f"{_ms(curve.points)} ms", file=sys.stderr)
 
     def rate(pid, name):
         return statistics.median(r["tokens"] / r["seconds"] for r in runs[(pid, name)])
