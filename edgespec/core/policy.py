@@ -269,6 +269,15 @@ def _chain_total(young: list[float], k_max: int) -> float:
     return total
 
 
+def _most_model_rate(alpha: float, base: float, per_token: float, k_max: int) -> float:
+    """An upper bound on E(alpha, k) / (base + k per_token) over k = 1 .. ``k_max``: E is at
+    most min(k + 1, 1 / (1 - alpha)), and that over a line in k only rises then falls, so the
+    bound is its value at k = 1 or where k + 1 reaches 1 / (1 - alpha)."""
+    cap = 1.0 / (1.0 - alpha) if alpha < 1.0 else float(k_max + 1)
+    k = min(max(cap - 1.0, 1.0), float(k_max))
+    return max(min(2.0, cap) / (base + per_token), min(k + 1.0, cap) / (base + k * per_token))
+
+
 def _chain_array(young: list[float], k_max: int) -> np.ndarray:
     """Expected tokens of lookup drafts of k = 1 .. ``k_max`` tokens (index k - 1) whose drafts
     meet the estimates ``young`` in turn, the last of them for the rest."""
@@ -421,7 +430,7 @@ class Policy:
         if offer.k_max <= 0:
             return best
         last_k = (self.last_width or 0) - 1
-        for source, rates in self._options(offer):
+        for source, rates in self._options(offer, plain):
             k, rate = self._best(rates)
             if rate > best.rate:
                 best = Choice(source, k, rate, plain)
@@ -431,17 +440,34 @@ class Policy:
             return best
         return best if best.rate > incumbent.rate * (1.0 + self.config.margin) else incumbent
 
-    def _options(self, offer: Offer):
-        """(source, its rates for k = 1 .. n) for each source that may draft this round."""
-        n_lookup = min(offer.k_max, offer.lookup_len) if self.realized.allowed("lookup") else 0
-        if n_lookup:
-            tokens = _chain_array(self._chain(offer.ngram, n_lookup), n_lookup)
-            yield "lookup", self._rates("lookup", tokens, self.lookup_cost.seconds)
+    def _options(self, offer: Offer, plain: float):
+        """(source, its rates for k = 1 .. n) for each source that may draft this round, but
+        for one whose every rate is bound to stay at or below ``plain`` (it can be neither the
+        best nor, not being the last round's source, the one kept): most rounds stop at that
+        bound, a few scalar steps, where rating every k costs tens of µs."""
+        n = min(offer.k_max, offer.lookup_len) if self.realized.allowed("lookup") else 0
+        if n:
+            chain = self._chain(offer.ngram, n)
+            per_round = self._per_round("lookup", n) + self.lookup_cost.seconds
+            if (self._last_source == "lookup"
+                    or _chain_total(chain, n) / per_round.min() * (1.0 + 1e-9) > plain):
+                yield "lookup", _chain_array(chain, n) / per_round
         if self.model_may_draft(offer.model):
-            n = offer.k_max
-            tokens = expected_tokens_upto(self.model.alpha, n)
-            yield "model", self._rates("model", tokens,
-                                       self.model_drafting(n, offer.behind, offer.wide))
+            n, alpha = offer.k_max, self.model.alpha
+            drafting = self.model_drafting(n, offer.behind, offer.wide)
+            if (self._last_source == "model"
+                    or self._model_bound(alpha, n, float(drafting[0])) > plain):
+                yield "model", (expected_tokens_upto(alpha, n)
+                                / (self._per_round("model", n) + drafting))
+
+    def _model_bound(self, alpha: float, n: int, first: float) -> float:
+        """No draft-model round of 1 .. n drafts rates above this (``first``: its first drafted
+        token's cost, with what it reads first): its least time is no less than the least S
+        over its widths, the least one-time cost and the drafting."""
+        d = self.draft_cost.seconds
+        new, same = self._once("model")
+        base = self.costs.steady.lower_bound(2, n + 1) + min(new, same) + first - d
+        return _most_model_rate(alpha, base, d, n) * (1.0 + 1e-9)  # (float rounding)
 
     def model_may_draft(self, offered: bool = True, ahead: int = 0) -> bool:
         return (offered and self.draft_cost is not None
@@ -469,9 +495,10 @@ class Policy:
                 alpha = self.model.alpha
                 if self._since_model + 1 >= self._wait:  # (a re-trial: at the prior)
                     alpha = max(alpha, self.model.prior)
-                rates = self._rates("model", expected_tokens_upto(alpha, k_max),
-                                    self.model_drafting(k_max))
-                if rates.max() > floor:
+                if (self._model_bound(alpha, k_max, self.draft_cost.seconds) > floor
+                        and (expected_tokens_upto(alpha, k_max) / (
+                            self._per_round("model", k_max) + self.model_drafting(k_max))
+                             ).max() > floor):
                     return False
             if self.realized.allowed("lookup", ahead=1):
                 per_round = self._per_round("lookup", k_max)
