@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from edgespec.core.costs import CostCurve
+from edgespec.core.costs import CallCosts, CostCurve
 from edgespec.core.policy import CostEstimate
 from edgespec.core.sampling import SamplingParams, process
 from edgespec.errors import IncompatibleDraftError
@@ -89,8 +89,8 @@ def run(engine, prompt: str, drafter: str):
         with pytest.MonkeyPatch.context() as mp:
             if drafter == "auto":
                 curve, per_token = FLAT_COSTS
-                mp.setattr(engine, "costs", Costs(CostCurve(dict(curve)), per_token, 0.0))
-                mp.setattr(CostCurve, "observe", lambda self, n, s, switched=False: None)
+                mp.setattr(engine, "costs", Costs(CallCosts(CostCurve(dict(curve))), per_token, 0.0))
+                mp.setattr(CallCosts, "observe", lambda self, *call: None)
                 mp.setattr(CostEstimate, "observe", lambda self, s: None)
             _runs[key] = engine.complete(PROMPTS[prompt], max_tokens=N_TOKENS, drafter=drafter,
                                          sampling=GREEDY)
