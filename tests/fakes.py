@@ -14,13 +14,17 @@ Every ``decode`` and ``sync`` call is recorded for the tests to inspect.
 Tables compose: :class:`Table` (Markov part + whole-prefix hash part), :class:`Perturbed`
 (another table plus hash noise: a draft that mostly agrees with its target), :class:`Scripted`
 (forces a given continuation after a given position: scripted text for the engine tests).
+
+Time: :class:`FakeClock` is a simulated clock for ``Engine(clock=...)``, and :class:`ClockedLM` a
+FakeLM whose calls advance it by a given cost of their width; nothing else takes time on it, so
+every timing in the stats (and the speedup made of them) is exact.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -253,6 +257,37 @@ class AheadLM(FakeLM):
         self.in_flight = False
         self.events.append(("finish",))
         return self._result
+
+
+class FakeClock:
+    """Simulated seconds (call it for the time): they pass only when :meth:`advance` is called,
+    by a :class:`ClockedLM`'s calls or by the test."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ClockedLM(FakeLM):
+    """A FakeLM whose calls take simulated time on ``clock``: a call of n tokens that reads
+    logits costs ``cost(n)``, one that reads none (a prefill) ``prefill`` seconds, both times
+    ``slowdown`` (set it to make the machine slower or faster mid-test)."""
+
+    def __init__(self, table: LogitTable, clock: FakeClock, cost: Callable[[int], float], *,
+                 prefill: float = 0.0, **kw) -> None:
+        super().__init__(table, **kw)
+        self.clock, self.cost, self.prefill = clock, cost, prefill
+        self.slowdown = 1.0
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        out = super().decode(tokens, n_logits)
+        self.clock.advance(self.slowdown * (self.cost(len(tokens)) if n_logits else self.prefill))
+        return out
 
 
 def pair(n_vocab: int = 8, *, seed: int = 1, draft: str = "perturbed", scale: float = 1.5,

@@ -7,8 +7,9 @@ almost linearly, and then drafting rarely pays. :class:`CostCurve` holds measure
 interpolates between them and refines them online from the timings of real rounds.
 
 :func:`measure_target_curve` and :func:`measure_draft_cost` take any backend with
-``sync``/``decode``/``tokens`` (the real one is :class:`edgespec.runtime.backend.LlamaBackend`); the rest
-is pure arithmetic.
+``sync``/``decode``/``tokens`` (the real one is :class:`edgespec.runtime.backend.LlamaBackend`), and
+a ``clock`` (seconds, ``time.perf_counter`` by default: tests pass a simulated one); the rest is
+pure arithmetic.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -40,18 +41,24 @@ class Scorer(Protocol):
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
 
 
-def _timed_decode(model: Scorer, context: Sequence[int], batch: Sequence[int], n_logits: int) -> float:
+#: A clock in seconds; ``None`` means ``time.perf_counter`` (looked up at call time).
+Clock = Callable[[], float]
+
+
+def _timed_decode(model: Scorer, context: Sequence[int], batch: Sequence[int], n_logits: int,
+                  clock: Clock | None = None) -> float:
+    clock = clock or time.perf_counter
     model.sync(context)
     if len(model.tokens) < len(context):
         model.decode(list(context[len(model.tokens):]), 0)
-    t0 = time.perf_counter()
+    t0 = clock()
     model.decode(list(batch), n_logits)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def measure_target_curve(
     target: Scorer, ns: Sequence[int] = (1, 4, 16), *, repeats: int = 1, context: int = 32,
-    budget_s: float | None = None,
+    budget_s: float | None = None, clock: Clock | None = None,
 ) -> dict[int, float]:
     """Seconds per target call scoring n tokens (n logit rows), after ``context`` cached tokens.
 
@@ -67,14 +74,16 @@ def measure_target_curve(
     ns = [n for n in dict.fromkeys(ns) if n >= 1]
     context = max(0, min(context, target.n_ctx - max(ns, default=1)))
     ns = [n for n in ns if context + n <= target.n_ctx]
+    clock = clock or time.perf_counter
     prefix = _filler(target, context)
-    _timed_decode(target, prefix, _filler(target, 1), 1)
-    start = time.perf_counter()
+    _timed_decode(target, prefix, _filler(target, 1), 1, clock)
+    start = clock()
     samples: dict[int, list[float]] = {}
     for _ in range(max(1, repeats)):
         for n in ns:
-            samples.setdefault(n, []).append(_timed_decode(target, prefix, _filler(target, n), n))
-            if budget_s is not None and time.perf_counter() - start > budget_s:
+            samples.setdefault(n, []).append(
+                _timed_decode(target, prefix, _filler(target, n), n, clock))
+            if budget_s is not None and clock() - start > budget_s:
                 return {n: float(np.median(v)) for n, v in samples.items()}
     return {n: float(np.median(v)) for n, v in samples.items()}
 
@@ -92,7 +101,8 @@ def warm_widths(model: Scorer, widths: Sequence[int], *, context: int = 32) -> l
     return widths
 
 
-def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int = 32) -> float:
+def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int = 32,
+                   clock: Clock | None = None) -> float:
     """Seconds per target call scoring n tokens when the calls before it had the same shape:
     ``calls`` such calls in a row, the median of all but the first.
 
@@ -102,11 +112,13 @@ def measure_steady(target: Scorer, n: int = 1, *, calls: int = 4, context: int =
     The difference is the switch penalty of :class:`CostCurve`."""
     context = max(0, min(context, target.n_ctx - n))
     prefix = _filler(target, context)
-    samples = [_timed_decode(target, prefix, _filler(target, n), n) for _ in range(max(2, calls))]
+    samples = [_timed_decode(target, prefix, _filler(target, n), n, clock)
+               for _ in range(max(2, calls))]
     return float(np.median(samples[1:]))
 
 
-def lone_round_time(target: Scorer, width: int, *, context: int = 32) -> float:
+def lone_round_time(target: Scorer, width: int, *, context: int = 32,
+                    clock: Clock | None = None) -> float:
     """Seconds of a lone call of ``width`` among plain (single-token) calls, with the two plain
     calls after it: three plain calls first (the third replays a graph where the device keeps
     them), then, timed, the call of ``width`` and two plain calls."""
@@ -114,9 +126,9 @@ def lone_round_time(target: Scorer, width: int, *, context: int = 32) -> float:
     prefix = _filler(target, context)
     one = _filler(target, 1)
     for _ in range(3):
-        _timed_decode(target, prefix, one, 1)
-    return (_timed_decode(target, prefix, _filler(target, width), width)
-            + sum(_timed_decode(target, prefix, one, 1) for _ in range(2)))
+        _timed_decode(target, prefix, one, 1, clock)
+    return (_timed_decode(target, prefix, _filler(target, width), width, clock)
+            + sum(_timed_decode(target, prefix, one, 1, clock) for _ in range(2)))
 
 
 def return_excess(lone: float, switched_w: float, switched_1: float) -> float:
@@ -128,21 +140,23 @@ def return_excess(lone: float, switched_w: float, switched_1: float) -> float:
 
 def measure_return_penalty(target: Scorer, curve: "CostCurve",
                            widths: Sequence[int] = (5, 17), *, runs: int = 2,
-                           context: int = 32, budget_s: float | None = None) -> float:
+                           context: int = 32, budget_s: float | None = None,
+                           clock: Clock | None = None) -> float:
     """Seconds a lone call of another width costs, with the two plain calls after it, beyond
     what the curve says of them (:func:`return_excess`, t(w) + P and t(1) + P; P:
     ``curve.switch_penalty``, t: the ``curve``'s steady costs). See
     :attr:`CostCurve.return_penalty`. The median over ``runs`` passes over ``widths``, as far
     as ``budget_s`` goes (the first sample always), at least 0 (a machine without graphs has
     nothing more to pay: noise around 0)."""
+    clock = clock or time.perf_counter
     penalty = curve.switch_penalty
     samples = []
-    start = time.perf_counter()
+    start = clock()
     for _ in range(max(1, runs)):
         for w in widths:
-            samples.append(return_excess(lone_round_time(target, w, context=context),
+            samples.append(return_excess(lone_round_time(target, w, context=context, clock=clock),
                                          curve(w) + penalty, curve(1) + penalty))
-            if budget_s is not None and time.perf_counter() - start > budget_s:
+            if budget_s is not None and clock() - start > budget_s:
                 return max(float(np.median(samples)), 0.0)
     return max(float(np.median(samples)), 0.0)
 
@@ -160,23 +174,24 @@ def split_switch_penalty(interleaved: dict[int, float], steady_t1: float,
 
 
 def measure_draft_cost(draft: Scorer, n: int = 8, *, repeats: int = 1, context: int = 32,
-                       budget_s: float | None = None) -> float:
+                       budget_s: float | None = None, clock: Clock | None = None) -> float:
     """Seconds per drafted token: n single-token decodes with one logit row each, as a drafter
     makes them (after a warm-up call); the median of up to ``repeats`` such runs, each run only
     if it fits in what is left of ``budget_s`` (the first always runs)."""
     context = max(0, min(context, draft.n_ctx - n - 1))
     prefix = _filler(draft, context)
     filler = _filler(draft, n)
-    _timed_decode(draft, prefix, filler[:1], 1)
+    clock = clock or time.perf_counter
+    _timed_decode(draft, prefix, filler[:1], 1, clock)
     samples = []
-    start = time.perf_counter()
+    start = clock()
     for _ in range(max(1, repeats)):
         draft.sync(prefix)
-        t0 = time.perf_counter()
+        t0 = clock()
         for tok in filler:
             draft.decode([tok], 1)
-        samples.append((time.perf_counter() - t0) / n)
-        if budget_s is not None and time.perf_counter() - start + samples[-1] * n > budget_s:
+        samples.append((clock() - t0) / n)
+        if budget_s is not None and clock() - start + samples[-1] * n > budget_s:
             break
     return float(np.median(samples))
 

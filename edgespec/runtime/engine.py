@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .. import config
 from ..core.costs import (
@@ -225,6 +225,7 @@ class Engine:
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
         draft_window: int = config.DRAFT_WINDOW,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         keep_freed_memory()  # (row-sized temporaries every token: no page faults for them)
         self.target = target
@@ -244,6 +245,9 @@ class Engine:
         self.draft_choice = None
         self._lock = threading.Lock()
         self._owner: int | None = None  #: the thread generating (holding _lock), if any
+        #: what times calibration and generation (None: ``time.perf_counter``; tests pass a
+        #: simulated clock that their fake models advance)
+        self.clock = clock
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -407,28 +411,32 @@ class Engine:
         Done once per engine (``force`` re-measures); ``auto`` refines the curve as it runs."""
         if self.costs is not None and not force:
             return self.costs
+        clock = self.clock or time.perf_counter
         with self._exclusive():
             self._warm(config.AUTO_MAX_DRAFT_LENGTH + 1, draft=True)
-            start = time.perf_counter()
+            start = clock()
             # at a fixed width every call up to that width costs the same: one price to measure
             width = getattr(self.target, "fixed_width", 0)
             points = (width,) if width else config.CALIBRATION_POINTS
             curve = measure_target_curve(self.target, points, repeats=config.CALIBRATION_REPEATS,
-                                         budget_s=config.CALIBRATION_BUDGET_S)
+                                         budget_s=config.CALIBRATION_BUDGET_S, clock=clock)
             penalty = 0.0
             # A call that changes width costs more on a GPU (no replayed CUDA graph), and the
             # way back to plain decoding more still; the CPU's exact mode has no such effect,
             # and a fixed width has one shape only.
             if not width and len(curve) > 1 and mode_of(self.target) == BATCH_DEPENDENT:
-                curve, penalty = split_switch_penalty(curve, measure_steady(self.target, 1))
+                curve, penalty = split_switch_penalty(curve, measure_steady(self.target, 1,
+                                                                            clock=clock))
             target_curve = CostCurve(curve, width=width, switch_penalty=penalty)
             if penalty:
                 target_curve.return_penalty = measure_return_penalty(
-                    self.target, target_curve, budget_s=config.RETURN_CALIBRATION_BUDGET_S)
+                    self.target, target_curve, budget_s=config.RETURN_CALIBRATION_BUDGET_S,
+                    clock=clock)
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
-                                             budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
+                                             budget_s=config.DRAFT_CALIBRATION_BUDGET_S,
+                                             clock=clock)
                           if self.draft is not None else None)
-            self.costs = Costs(target_curve, draft_cost, time.perf_counter() - start)
+            self.costs = Costs(target_curve, draft_cost, clock() - start)
         return self.costs
 
     def _warm(self, upto: int, *, draft: bool) -> None:
@@ -569,24 +577,26 @@ class Engine:
 
     def _generate(self, prompt, drafter, k, sampling, max_tokens, stop) -> Iterator[Chunk]:
         target = self.target
+        clock = self.clock or time.perf_counter
         stats = Stats(prompt_tokens=len(prompt))
-        start = time.perf_counter()
+        start = clock()
         stats.cached_prompt_tokens = prefill(target, prompt)
         wants = getattr(drafter, "wants_prompt_cached", None)
         if self.draft is not None and wants is not None and wants(k):
             prefill(self.draft, prompt)  # the draft's prefill is prefill too, not drafting time
-        stats.time_prefill = time.perf_counter() - start
+        stats.time_prefill = clock() - start
         llama_start = self._llama_seconds()
         text = TextStream(stop)
         rng = make_rng(sampling.seed)
         finish = None
-        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens)
+        curve = self.costs.target if self.costs is not None else None
+        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens, curve, clock)
         try:
             for rnd in played:
                 infos: list[TokenInfo] = []
                 for tok, src in zip(rnd.tokens, rnd.sources):
                     if target.is_eog(tok):
-                        finish = "stop"
+                        finish, stats.eog = "stop", True
                         break
                     stats.generated += 1
                     infos.append(TokenInfo(tok, text.push(target.token_bytes(tok)), src))
@@ -596,7 +606,7 @@ class Engine:
                     if stats.generated >= max_tokens:
                         finish = "length"
                         break
-                stats.time_total = time.perf_counter() - start
+                stats.time_total = clock() - start
                 stats.time_llama = self._llama_seconds() - llama_start
                 if finish:
                     tail = text.flush()
@@ -606,7 +616,7 @@ class Engine:
                     yield Chunk("".join(i.text for i in infos) + tail, infos, stats, finish)
                     return
                 yield Chunk("".join([i.text for i in infos]), infos, stats)  # (no generator)
-            stats.time_total = time.perf_counter() - start
+            stats.time_total = clock() - start
             stats.time_llama = self._llama_seconds() - llama_start
             yield Chunk(text.flush(), [], stats, "context")
         finally:

@@ -1,0 +1,115 @@
+"""The speedup over target-only decoding, measured at the same moment as the turn it describes.
+
+A figure taken against a speed measured earlier compares two moments: another process, a longer
+context, a laptop's clocks or a GPU's warm-up move one side of the ratio and not the other. So
+the target-only speed is estimated from the turn's own target calls:
+
+- **measured in turn**: the turn's plain steps (rounds that drafted nothing) are direct samples
+  of what target-only decoding pays per token now, at this context: their mean target call t(1),
+  with their sampling and a per-round share of the loop's other time;
+- **derived from the curve**: with fewer plain steps than :attr:`BaselineRule.min_plain_steps`,
+  every target call of the turn is converted to t(1) by the calibrated cost curve's shape: a
+  call of n tokens counts as t(n) / t(1) plain calls, and t(1) now is the calls' seconds over
+  those counts (contention and clock changes scale all widths alike; the curve's absolute
+  figures, from another moment, cancel out).
+
+The estimate of target-only time for the turn keeps the plain steps at what they cost and
+replaces each speculative round by as many plain steps as it delivered tokens::
+
+    target-only = decode time - (speculative rounds' time) + (their tokens) * (one plain step)
+    speedup     = target-only / decode time
+
+A turn with nothing drafted has no speculative round: both sides are the same number, and the
+ratio is exactly 1. (A plain step under ``auto`` counts its proposal bookkeeping on both sides,
+~0.1% of a step on a CPU.) The tokens a round delivered include an end-of-generation token
+that ended the answer: plain decoding pays a step for it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEASURED = "measured"
+CURVE = "curve"
+
+
+@dataclass(frozen=True)
+class BaselineRule:
+    """When the turn's own plain steps are the baseline: at least ``min_plain_steps`` of them
+    (fewer are too noisy alone; the curve then converts every call of the turn)."""
+
+    min_plain_steps: int = 8
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A turn's speed against target-only decoding's at the same moment.
+
+    ``target_only_seconds``: what plain decoding would have taken for the turn's tokens;
+    ``seconds``: what the turn took (prefill excluded); ``basis``: :data:`MEASURED` (the turn's
+    plain steps) or :data:`CURVE` (all its target calls through the cost curve's shape);
+    ``samples``: the plain steps, or the target calls, it rests on."""
+
+    target_only_seconds: float
+    seconds: float
+    tokens: int
+    basis: str
+    samples: int
+
+    @property
+    def ratio(self) -> float:
+        return self.target_only_seconds / self.seconds
+
+    @property
+    def target_only_tokens_per_second(self) -> float:
+        return self.tokens / self.target_only_seconds if self.target_only_seconds > 0 else 0.0
+
+    @property
+    def basis_text(self) -> str:
+        """How the baseline was obtained, in a few words (the chat's panel, ``--stats``)."""
+        if self.basis == MEASURED:
+            return f"measured in turn, {self.samples} steps"
+        return f"derived from curve, {self.samples} calls"
+
+    def to_dict(self) -> dict:
+        return {
+            "ratio": round(self.ratio, 4),
+            "basis": self.basis,
+            "samples": self.samples,
+            "target_only_tokens_per_second": round(self.target_only_tokens_per_second, 3),
+            "target_only_seconds": round(self.target_only_seconds, 4),
+        }
+
+
+def same_moment_speedup(stats, rule: BaselineRule = BaselineRule()) -> Speedup | None:
+    """The speedup of a generation (its :class:`~edgespec.core.stats.Stats`, which call this:
+    not imported here) over target-only decoding from its own calls (see the module
+    docstring); ``None`` before a round has run, or when speculative rounds ran with fewer plain
+    steps than ``rule`` needs and no cost curve to convert their calls (``stats.spec_units``)."""
+    seconds = stats.decode_time
+    if stats.rounds == 0 or seconds <= 0:
+        return None
+    plain = stats.plain
+    spec_rounds = stats.rounds - plain.rounds
+    if spec_rounds == 0:  # plain decoding: its own baseline
+        return Speedup(seconds, seconds, stats.generated, MEASURED, plain.rounds)
+    if plain.rounds >= rule.min_plain_steps:
+        t1, basis, samples = plain.time_target / plain.rounds, MEASURED, plain.rounds
+    elif stats.spec_units:
+        t1 = stats.time_target / (plain.rounds + stats.spec_units)
+        basis, samples = CURVE, stats.rounds
+    else:
+        return None
+    other = stats.time_other / stats.rounds  # per round: the loop's and its caller's own time
+    spec_target = stats.time_target - plain.time_target
+    spec_sampling = stats.time_sampling - plain.time_sampling
+    spec_drafting = stats.time_drafting - plain.time_drafting
+    # what a plain step samples: the turn's own, else a verification's (one full row and the
+    # pending rows of its drafts: a little more)
+    sampling = (plain.time_sampling / plain.rounds if plain.rounds
+                else spec_sampling / spec_rounds)
+    step = t1 + sampling + other
+    spec_time = spec_target + spec_sampling + spec_drafting + spec_rounds * other
+    spec_tokens = max(stats.generated + int(stats.eog) - plain.rounds, 0)
+    target_only = max(seconds - spec_time, 0.0) + spec_tokens * step
+    return Speedup(target_only, seconds, stats.generated, basis, samples)
