@@ -211,7 +211,8 @@ class Engine:
     """Exact speculative decoding over a llama.cpp target and an optional draft model.
 
     Build one with :meth:`Engine.load`; use :meth:`stream` for live output or :meth:`complete`
-    for the whole text. One generation runs at a time; a second concurrent call raises
+    for the whole text. ``clock`` (seconds; default ``time.perf_counter``) times the
+    calibration and every generation's stats: tests give a simulated one. One generation runs at a time; a second concurrent call raises
     :class:`EngineBusyError`. Close the engine (or use it as a context manager) to free memory.
     """
 
