@@ -20,9 +20,6 @@ class SourceStats:
     time_sampling: float = 0.0
 
 
-_NO_ROUNDS = SourceStats()
-
-
 @dataclass
 class Stats:
     """Counters and timers, updated in place while tokens stream.
@@ -86,7 +83,7 @@ class Stats:
     @property
     def plain(self) -> SourceStats:
         """The plain steps: rounds that drafted nothing."""
-        return self.by_drafter.get("none", _NO_ROUNDS)
+        return self.by_drafter.get("none") or SourceStats()
 
     @property
     def speedup(self) -> Speedup | None:
