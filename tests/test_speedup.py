@@ -169,6 +169,24 @@ def test_accepted_lookup_drafts_give_the_exact_expected_ratio(slowdown, basis):
     assert speedup.ratio > 1.5  # (the copy's rounds are long enough to pay on this t(n))
 
 
+def test_the_curve_basis_keeps_the_calibrated_shape_while_auto_refines_its_curve():
+    # auto refines the curve with the calls it plays: after a slowdown its drafting widths
+    # follow at once and t(1) (few plain steps) lags. The shape that converts calls to t(1)
+    # is the calibration's, measured at one moment: the figure stays exact.
+    engine = engine_on_clock(copy_script(fresh=3), drafter="auto", k=None)
+    engine.target.slowdown = 2.0
+    before = len(engine.target.calls)
+    stats = engine.complete(PROMPT, chat=False, sampling=GREEDY, max_tokens=100).stats
+    widths = widths_after(engine, before)
+    assert max(widths) > 4 and stats.plain.rounds < BaselineRule().min_plain_steps
+    assert engine.costs.target(max(widths)) / engine.costs.target(1) != pytest.approx(
+        cpu_like(max(widths)) / cpu_like(1), rel=0.05)  # the refined curve's shape moved
+    speedup = stats.speedup
+    assert speedup.basis == CURVE
+    expected = (stats.generated + 1) * cpu_like(1) / sum(cpu_like(n) for n in widths)
+    assert speedup.ratio == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("drafter", ["none", "auto"])
 def test_plain_turns_read_one_when_target_calls_turn_twice_as_slow_after_start_up(drafter):
     engine = engine_on_clock(fresh_tokens(30), drafter=drafter)

@@ -11,7 +11,9 @@ the target-only speed is estimated from the turn's own target calls:
   every target call of the turn is converted to t(1) by the calibrated cost curve's shape: a
   call of n tokens counts as t(n) / t(1) plain calls, and t(1) now is the calls' seconds over
   those counts (contention and clock changes scale all widths alike; the curve's absolute
-  figures, from another moment, cancel out).
+  figures, from another moment, cancel out). The shape is the calibration's, whose points
+  were measured together, not the curve ``auto`` refines as it plays (its widths would follow
+  a slowdown before its t(1) does).
 
 The estimate of target-only time for the turn keeps the plain steps at what they cost and
 replaces each speculative round by as many plain steps as it delivered tokens::

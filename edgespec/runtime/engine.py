@@ -7,6 +7,7 @@ provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the st
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -192,14 +193,21 @@ def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
 class Costs:
     """This machine's measured costs: the target's t(n) curve and the draft model's seconds
     per token, both as calibrated and refined by every round that ``auto`` plays, in this
-    generation and the next (``draft_per_token`` stays the calibration's figure)."""
+    generation and the next (``draft_per_token`` stays the calibration's figure).
+
+    ``calibrated``: the target's curve as calibrated, never refined: its points were all
+    measured at one moment, so their ratios (its shape) convert a call of any width to plain
+    calls for the same-moment speedup. The refined curve mixes moments: after the machine
+    slows down, the widths ``auto`` plays follow it before t(1) does."""
 
     target: CostCurve
     draft_per_token: float | None
     calibration_seconds: float
     draft: CostEstimate | None = field(init=False, default=None)
+    calibrated: CostCurve = field(init=False)
 
     def __post_init__(self) -> None:
+        self.calibrated = copy.deepcopy(self.target)
         # one estimate for every generation, as the curve is: a draft call on a GPU costs
         # more in the loop than calibrated (calls of changing width), and each generation
         # starting again from the calibration paid for that lesson again
@@ -590,7 +598,7 @@ class Engine:
         text = TextStream(stop)
         rng = make_rng(sampling.seed)
         finish = None
-        curve = self.costs.target if self.costs is not None else None
+        curve = self.costs.calibrated if self.costs is not None else None
         played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens, curve, clock)
         try:
             for rnd in played:

@@ -98,10 +98,9 @@ def rounds(
     """Yield verification rounds until the context is full (the caller stops on anything else).
 
     ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
-    ``curve``: the target's cost curve; each round that drafts adds its call's cost in plain
-    calls by the curve's shape, t(n) / t(1) as it stands before the round is observed, to
-    ``stats.spec_units`` (the basis of the same-moment speedup where a turn has few plain
-    steps). ``clock``: what times the rounds (``time.perf_counter``; tests pass a simulated one).
+    ``curve``: the target's cost curve as calibrated; each round that drafts adds its call's
+    cost in plain calls by the curve's shape, t(n) / t(1), to ``stats.spec_units`` (the basis
+    of the same-moment speedup where a turn has few plain steps). ``clock``: what times the rounds (``time.perf_counter``; tests pass a simulated one).
 
     On a GPU a plain step costs ~2 ms, and what Python does between two decodes runs in the
     cold caches a decode leaves, where each call or object made costs several µs (10-15 µs
@@ -195,7 +194,7 @@ def rounds(
                 accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
             t4 = clock()
             t_target += t3 - t2
-            if tokens and curve is not None:  # (before auto's observe moves the curve)
+            if tokens and curve is not None:
                 stats.spec_units += curve(len(tokens) + 1) / curve(1)
 
             new = tokens[:accepted] + [token]
