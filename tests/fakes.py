@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from edgespec.core.lookup import common_prefix
+from edgespec.runtime.kernels import BATCH_DEPENDENT
 from edgespec.errors import ContextOverflowError
 
 
@@ -276,17 +277,31 @@ class FakeClock:
 class ClockedLM(FakeLM):
     """A FakeLM whose calls take simulated time on ``clock``: a call of n tokens that reads
     logits costs ``cost(n)``, one that reads none (a prefill) ``prefill`` seconds, both times
-    ``slowdown`` (set it to make the machine slower or faster mid-test)."""
+    ``slowdown`` (set it to make the machine slower or faster mid-test).
+
+    With ``penalty``, a GPU's CUDA graphs: a call replays a graph (costs as above) only as the
+    third or later call of its width in a row; any other call costs ``penalty`` more, and the
+    fake reports its kernels as batch-dependent, as a GPU backend does (the calibration then
+    measures the penalty)."""
 
     def __init__(self, table: LogitTable, clock: FakeClock, cost: Callable[[int], float], *,
-                 prefill: float = 0.0, **kw) -> None:
+                 prefill: float = 0.0, penalty: float = 0.0, **kw) -> None:
         super().__init__(table, **kw)
-        self.clock, self.cost, self.prefill = clock, cost, prefill
+        self.clock, self.cost, self.prefill, self.penalty = clock, cost, prefill, penalty
         self.slowdown = 1.0
+        if penalty:
+            self.kernels = BATCH_DEPENDENT
+        self._last: int | None = None
+        self._run = 0
 
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         out = super().decode(tokens, n_logits)
-        self.clock.advance(self.slowdown * (self.cost(len(tokens)) if n_logits else self.prefill))
+        width = len(tokens)
+        replays = width == self._last and self._run >= 2
+        self._run = self._run + 1 if width == self._last else 1
+        self._last = width
+        seconds = (self.cost(width) if n_logits else self.prefill) + (0.0 if replays else self.penalty)
+        self.clock.advance(self.slowdown * seconds)
         return out
 
 

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from edgespec.core.sampling import SamplingParams
-from edgespec.core.speedup import CURVE, MEASURED, BaselineRule, same_moment_speedup
+from edgespec.core.costs import CostCurve
+from edgespec.core.speedup import CURVE, MEASURED, BaselineRule, CallMeter, same_moment_speedup
 from edgespec.core.stats import Stats
 from edgespec.runtime.engine import Engine
 from edgespec.server.metrics import Metrics, prometheus_text
@@ -34,6 +35,7 @@ def plain_stats(steps: int, step: float, *, eog: bool = False, drafting: float =
     stats = Stats(time_prefill=1.0)
     for _ in range(steps):
         stats.record_round("none", 0, 0, drafting, step * 0.9, step * 0.05)
+        CallMeter(None, stats.calls).add(1, step * 0.9)
     stats.generated = steps - eog
     stats.eog = eog
     stats.time_total = 1.0 + steps * step
@@ -53,17 +55,22 @@ def test_nothing_drafted_is_exactly_one(steps, eog):
     assert "1.00x vs target-only (measured in turn" in stats.summary()
 
 
-def mixed_stats(*, plain: int, spec: list[tuple[int, int]], t1: float, units=None,
+#: A calibrated curve on which a call of n tokens costs (1 + (n - 1) / 2) plain calls.
+HALF = CostCurve({1: 1.0, 3: 2.0})
+
+
+def mixed_stats(*, plain: int, spec: list[tuple[int, int]], t1: float, curve=None,
                 other: float = 0.0, sampling: float = 0.0) -> Stats:
     """Plain steps of ``t1`` each, and speculative rounds (drafted k, accepted a) whose target
     call costs ``t1 * (1 + k / 2)``; ``other`` per round outside the parts the loop times."""
-    stats = Stats(time_prefill=0.5, spec_units=units)
+    stats = Stats(time_prefill=0.5)
+    meter = CallMeter(curve, stats.calls)
     for _ in range(plain):
         stats.record_round("none", 0, 0, 0.0, t1, sampling)
+        meter.add(1, t1)
     for k, a in spec:
         stats.record_round("lookup", k, a, 0.001, t1 * (1 + k / 2), sampling)
-        if units is not None:
-            stats.spec_units += 1 + k / 2
+        meter.add(k + 1, t1 * (1 + k / 2))
     stats.generated = plain + sum(a + 1 for _, a in spec)
     busy = stats.time_drafting + stats.time_target + stats.time_sampling
     stats.time_total = 0.5 + busy + other * stats.rounds
@@ -86,8 +93,7 @@ def test_curve_basis_converts_every_call_by_the_curves_shape():
     # two plain steps (too few alone) and rounds whose calls cost (1 + k/2) t(1) by the curve;
     # the machine now runs at t(1) = 0.05 whatever the curve measured at start-up
     spec = [(8, 8), (8, 8), (8, 5), (4, 4)]
-    units = 0.0
-    stats = mixed_stats(plain=2, spec=spec, t1=0.05, units=units)
+    stats = mixed_stats(plain=2, spec=spec, t1=0.05, curve=HALF)
     speedup = stats.speedup
     assert (speedup.basis, speedup.samples) == (CURVE, 6)
     assert speedup.ratio == pytest.approx((2 + 9 + 9 + 6 + 5) * 0.05 / stats.decode_time, rel=1e-12)
@@ -98,7 +104,7 @@ def test_curve_basis_converts_every_call_by_the_curves_shape():
 
 
 def test_the_rule_sets_how_many_plain_steps_make_a_measured_baseline():
-    stats = mixed_stats(plain=5, spec=[(8, 8)], t1=0.05, units=0.0)
+    stats = mixed_stats(plain=5, spec=[(8, 8)], t1=0.05, curve=HALF)
     assert stats.speedup.basis == CURVE
     assert same_moment_speedup(stats, BaselineRule(min_plain_steps=5)).basis == MEASURED
 
@@ -143,9 +149,9 @@ def copy_script(fresh: int) -> list[int]:
     return fresh_tokens(fresh) + prompt_tokens()[-26:] + [EOG]
 
 
-def widths_after(engine, calls_before: int) -> list[int]:
+def widths_after(target, calls_before: int) -> list[int]:
     """Widths of the target calls the answer made (the prefill's call reads no logits)."""
-    return [len(c.tokens) for c in engine.target.calls[calls_before:] if c.n_logits]
+    return [len(c.tokens) for c in target.calls[calls_before:] if c.n_logits]
 
 
 @pytest.mark.parametrize("slowdown", [1.0, 2.0])
@@ -158,7 +164,7 @@ def test_accepted_lookup_drafts_give_the_exact_expected_ratio(slowdown, basis):
     stats = out.stats
     assert out.finish_reason == "stop" and stats.eog and stats.generated == 12 + 26
     assert stats.accepted >= 22  # the copy after its first two tokens (the last drafts meet EOG)
-    widths = widths_after(engine, before)
+    widths = widths_after(engine.target, before)
     # plain decoding pays t(1) for each token and for the EOG; the turn paid its calls
     expected = (stats.generated + 1) * cpu_like(1) / sum(cpu_like(n) for n in widths)
     rule = BaselineRule() if basis == MEASURED else BaselineRule(min_plain_steps=10**6)
@@ -177,7 +183,7 @@ def test_the_curve_basis_keeps_the_calibrated_shape_while_auto_refines_its_curve
     engine.target.slowdown = 2.0
     before = len(engine.target.calls)
     stats = engine.complete(PROMPT, chat=False, sampling=GREEDY, max_tokens=100).stats
-    widths = widths_after(engine, before)
+    widths = widths_after(engine.target, before)
     assert max(widths) > 4 and stats.plain.rounds < BaselineRule().min_plain_steps
     assert engine.costs.target(max(widths)) / engine.costs.target(1) != pytest.approx(
         cpu_like(max(widths)) / cpu_like(1), rel=0.05)  # the refined curve's shape moved
@@ -185,6 +191,46 @@ def test_the_curve_basis_keeps_the_calibrated_shape_while_auto_refines_its_curve
     assert speedup.basis == CURVE
     expected = (stats.generated + 1) * cpu_like(1) / sum(cpu_like(n) for n in widths)
     assert speedup.ratio == pytest.approx(expected, rel=1e-12)
+
+
+def gpu_like(n: int) -> float:
+    """A GPU's t(n): nearly flat (exact in binary floating point)."""
+    return 0.001953125 + 0.0001220703125 * n
+
+
+#: What a call of a new width costs more on that GPU (no replayed CUDA graph): half a t(1).
+PENALTY = 0.0009765625
+
+
+@pytest.mark.parametrize("basis", [MEASURED, CURVE])
+def test_on_a_gpu_plain_steps_after_a_width_change_are_not_the_baseline(basis):
+    # A copy broken twice by new text: lookup's rounds, then plain steps again. The first two
+    # plain calls after a drafting round pay a graph switch that plain decoding never pays
+    # (its calls all replay one graph): they do not measure t(1), and their penalties are
+    # not target-only time.
+    letters = prompt_tokens()[-26:]
+    fresh = fresh_tokens(14)
+    script = (fresh[:8] + letters[:8] + fresh[8:11] + letters[8:16] + fresh[11:] + letters[16:]
+              + [EOG])
+    clock = FakeClock()
+    table = Scripted(Table(V, 5, banned=[BOS, EOG]), script, len(prompt_tokens()))
+    target = ClockedLM(table, clock, gpu_like, prefill=0.0625, penalty=PENALTY, n_ctx=512,
+                       eog=[EOG], bos=BOS)
+    engine = Engine(target, None, drafter="lookup", draft_length=8, clock=clock)
+    engine.calibrate()
+    assert engine.costs.calibrated.switch_penalty == pytest.approx(PENALTY, rel=1e-9)
+    before = len(target.calls)
+    stats = engine.complete(PROMPT, chat=False, sampling=GREEDY, max_tokens=100).stats
+    assert stats.eog and stats.generated == len(script) - 1 and stats.accepted >= 15
+    assert stats.calls.plain >= BaselineRule().min_plain_steps  # the steady ones
+    assert stats.calls.plain_penalties >= 4 * PENALTY  # after each drafting stretch, and EOG's
+    widths = widths_after(target, before)
+    expected = (stats.generated + 1) * gpu_like(1) / stats.decode_time
+    assert stats.decode_time > sum(gpu_like(n) for n in widths)  # the turn paid its switches
+    rule = BaselineRule() if basis == MEASURED else BaselineRule(min_plain_steps=10**6)
+    speedup = same_moment_speedup(stats, rule)
+    assert speedup.basis == basis
+    assert speedup.ratio == pytest.approx(expected, rel=1e-9)
 
 
 @pytest.mark.parametrize("drafter", ["none", "auto"])

@@ -6,19 +6,24 @@ the target-only speed is estimated from the turn's own target calls:
 
 - **measured in turn**: the turn's plain steps (rounds that drafted nothing) are direct samples
   of what target-only decoding pays per token now, at this context: their mean target call t(1),
-  with their sampling and a per-round share of the loop's other time;
+  with their sampling and a per-round share of the loop's other time. Where the calibration
+  found that a call of a new width costs more (a GPU's CUDA graphs: ``switch_penalty``), only
+  plain calls that replayed a graph count, as every call of plain decoding does; a plain step
+  just after a drafting round paid the switch, which plain decoding never pays;
 - **derived from the curve**: with fewer plain steps than :attr:`BaselineRule.min_plain_steps`,
   every target call of the turn is converted to t(1) by the calibrated cost curve's shape: a
   call of n tokens counts as t(n) / t(1) plain calls, and t(1) now is the calls' seconds over
   those counts (contention and clock changes scale all widths alike; the curve's absolute
   figures, from another moment, cancel out). The shape is the calibration's, whose points
   were measured together, not the curve ``auto`` refines as it plays (its widths would follow
-  a slowdown before its t(1) does).
+  a slowdown before its t(1) does); a call that paid a switch penalty counts less that penalty.
 
-The estimate of target-only time for the turn keeps the plain steps at what they cost and
-replaces each speculative round by as many plain steps as it delivered tokens::
+The estimate of target-only time for the turn keeps the plain steps at what they cost (less
+the switch penalties they paid) and replaces each speculative round by as many plain steps as
+it delivered tokens::
 
-    target-only = decode time - (speculative rounds' time) + (their tokens) * (one plain step)
+    target-only = decode time - (speculative rounds' time) - (plain steps' switch penalties)
+                  + (the speculative rounds' tokens) * (one plain step)
     speedup     = target-only / decode time
 
 A turn with nothing drafted has no speculative round: both sides are the same number, and the
@@ -31,6 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .costs import CostCurve
+from .policy import replays_graph
+
 MEASURED = "measured"
 CURVE = "curve"
 
@@ -41,6 +49,55 @@ class BaselineRule:
     (fewer are too noisy alone; the curve then converts every call of the turn)."""
 
     min_plain_steps: int = 8
+
+
+@dataclass
+class TargetCalls:
+    """A generation's target calls as evidence of what a plain step's call costs now.
+
+    ``plain``, ``plain_seconds``: the plain calls that paid no width switch, and their seconds;
+    ``plain_penalties``: the switch penalties the other plain calls paid (plain decoding pays
+    none); ``units``: every call in plain calls by the calibrated curve's shape, t(n) / t(1)
+    (``None`` without a curve); ``unit_seconds``: their seconds, each less the penalty it paid."""
+
+    plain: int = 0
+    plain_seconds: float = 0.0
+    plain_penalties: float = 0.0
+    units: float | None = None
+    unit_seconds: float = 0.0
+
+
+class CallMeter:
+    """Adds each target call of a generation to its :class:`TargetCalls`, knowing the calibrated
+    ``curve`` (or ``None``) and, by the graph rule
+    (:func:`~edgespec.core.policy.replays_graph`), which calls paid a switch penalty."""
+
+    def __init__(self, curve: CostCurve | None, calls: TargetCalls) -> None:
+        self.curve, self.calls = curve, calls
+        self.penalty = curve.switch_penalty if curve is not None else 0.0
+        if curve is not None and calls.units is None:
+            calls.units = 0.0
+        self._t1 = curve(1) if curve is not None else 0.0
+        self._last: int | None = None  #: width of the last call (None: the prefill's)
+        self._run = 0  #: calls of that width in a row
+
+    def add(self, n: int, seconds: float) -> None:
+        """One call that scored n tokens in ``seconds``."""
+        calls, curve = self.calls, self.curve
+        switched = False
+        if self.penalty:
+            shape = curve.shape(n)
+            switched = not replays_graph(shape, self._last, self._run)
+            self._run = self._run + 1 if shape == self._last else 1
+            self._last = shape
+        if n == 1 and not switched:
+            calls.plain += 1
+            calls.plain_seconds += seconds
+        elif n == 1:
+            calls.plain_penalties += self.penalty
+        if curve is not None:
+            calls.units += 1.0 if n == 1 else curve(n) / self._t1
+            calls.unit_seconds += seconds - self.penalty if switched else seconds
 
 
 @dataclass(frozen=True)
@@ -87,7 +144,7 @@ def same_moment_speedup(stats, rule: BaselineRule = BaselineRule()) -> Speedup |
     """The speedup of a generation (its :class:`~edgespec.core.stats.Stats`, which call this:
     not imported here) over target-only decoding from its own calls (see the module
     docstring); ``None`` before a round has run, or when speculative rounds ran with fewer plain
-    steps than ``rule`` needs and no cost curve to convert their calls (``stats.spec_units``)."""
+    steps than ``rule`` needs and no cost curve to convert their calls (``stats.calls``)."""
     seconds = stats.decode_time
     if stats.rounds == 0 or seconds <= 0:
         return None
@@ -95,11 +152,11 @@ def same_moment_speedup(stats, rule: BaselineRule = BaselineRule()) -> Speedup |
     spec_rounds = stats.rounds - plain.rounds
     if spec_rounds == 0:  # plain decoding: its own baseline
         return Speedup(seconds, seconds, stats.generated, MEASURED, plain.rounds)
-    if plain.rounds >= rule.min_plain_steps:
-        t1, basis, samples = plain.time_target / plain.rounds, MEASURED, plain.rounds
-    elif stats.spec_units:
-        t1 = stats.time_target / (plain.rounds + stats.spec_units)
-        basis, samples = CURVE, stats.rounds
+    calls = stats.calls
+    if calls.plain >= rule.min_plain_steps:
+        t1, basis, samples = calls.plain_seconds / calls.plain, MEASURED, calls.plain
+    elif calls.units:
+        t1, basis, samples = calls.unit_seconds / calls.units, CURVE, stats.rounds
     else:
         return None
     other = stats.time_other / stats.rounds  # per round: the loop's and its caller's own time
@@ -113,5 +170,5 @@ def same_moment_speedup(stats, rule: BaselineRule = BaselineRule()) -> Speedup |
     step = t1 + sampling + other
     spec_time = spec_target + spec_sampling + spec_drafting + spec_rounds * other
     spec_tokens = max(stats.generated + int(stats.eog) - plain.rounds, 0)
-    target_only = max(seconds - spec_time, 0.0) + spec_tokens * step
+    target_only = max(seconds - spec_time - calls.plain_penalties, 0.0) + spec_tokens * step
     return Speedup(target_only, seconds, stats.generated, basis, samples)

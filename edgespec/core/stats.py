@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .speedup import Speedup, same_moment_speedup
+from .speedup import Speedup, TargetCalls, same_moment_speedup
 
 
 @dataclass
@@ -29,11 +29,9 @@ class Stats:
     (what ``auto`` chose). Times are seconds of wall clock; ``time_llama`` is the part of the
     decoding time spent inside llama.cpp's decode calls (target and draft).
 
-    ``spec_units`` sums, over the rounds that drafted, their target call's cost in plain calls
-    by the cost curve's shape (t(n) / t(1)); ``None`` where the engine has no curve. ``eog``:
-    an end-of-generation token ended the answer (not in ``generated``). With them,
-    :attr:`speedup` is measured against target-only decoding at the same moment
-    (:mod:`edgespec.core.speedup`).
+    ``calls`` holds what the target calls say of a plain step's cost now; ``eog``: an
+    end-of-generation token ended the answer (not in ``generated``). With them, :attr:`speedup`
+    is measured against target-only decoding at the same moment (:mod:`edgespec.core.speedup`).
     """
 
     prompt_tokens: int = 0
@@ -51,7 +49,7 @@ class Stats:
     time_sampling: float = 0.0
     time_total: float = 0.0
     time_llama: float = 0.0
-    spec_units: float | None = None
+    calls: TargetCalls = field(default_factory=TargetCalls)
     eog: bool = False
 
     def record_round(self, drafter: str, drafted: int, accepted: int, t_draft: float = 0.0,

@@ -21,6 +21,7 @@ from ..core.costs import Clock, CostCurve
 from ..core.dist import AnyDist
 from ..core.rejection import Source, verify, verify_greedy
 from ..core.sampling import SamplingParams, distribution, pending_distribution
+from ..core.speedup import CallMeter
 from ..core.stats import Stats
 from .cache import Follower
 from .drafters import Drafter, Outcome
@@ -98,9 +99,8 @@ def rounds(
     """Yield verification rounds until the context is full (the caller stops on anything else).
 
     ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
-    ``curve``: the target's cost curve as calibrated; each round that drafts adds its call's
-    cost in plain calls by the curve's shape, t(n) / t(1), to ``stats.spec_units`` (the basis
-    of the same-moment speedup where a turn has few plain steps). ``clock``: what times the rounds (``time.perf_counter``; tests pass a simulated one).
+    ``curve``: the target's cost curve as calibrated; every call is added to ``stats.calls``
+    (:class:`~edgespec.core.speedup.CallMeter`: the evidence of the same-moment speedup). ``clock``: what times the rounds (``time.perf_counter``; tests pass a simulated one).
 
     On a GPU a plain step costs ~2 ms, and what Python does between two decodes runs in the
     cold caches a decode leaves, where each call or object made costs several µs (10-15 µs
@@ -136,8 +136,7 @@ def rounds(
     draft_source, target_source = Source.DRAFT, Source.TARGET
     n_ctx = target.n_ctx
     clock = clock or time.perf_counter
-    if curve is not None and stats.spec_units is None:
-        stats.spec_units = 0.0
+    meter = CallMeter(curve, stats.calls)
 
     def plan(launched: float | None = None) -> tuple:
         """Propose the next round, bring the cache to it and (``ahead``) launch its call:
@@ -194,8 +193,7 @@ def rounds(
                 accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
             t4 = clock()
             t_target += t3 - t2
-            if tokens and curve is not None:
-                stats.spec_units += curve(len(tokens) + 1) / curve(1)
+            meter.add(len(tokens) + 1, t_target)
 
             new = tokens[:accepted] + [token]
             committed.extend(new)
