@@ -1,6 +1,8 @@
-# Quick start:  make run   (set up, fetch the default models, complete a prompt)
+# Quick start:  make run   (set up, fetch the default models, complete an edit of given code:
+#                          the stats line ends with the measured speedup over plain decoding)
 #               make test  (set up, fetch the test models, run the whole suite)
-PROMPT ?= Write a Python function that reverses a linked list
+# make run PROMPT="..." completes your own prompt instead of scripts/first_run_prompt.txt.
+PROMPT ?=
 ES := .venv/bin/edgespec
 
 .PHONY: setup models run test test-fast clean
@@ -13,7 +15,7 @@ models: setup
 
 run: setup
 	$(ES) models pull default
-	$(ES) complete "$(PROMPT)" --stats
+	$(if $(PROMPT),$(ES) complete "$(PROMPT)" --stats,$(ES) complete --stats < scripts/first_run_prompt.txt)
 
 test: models
 	.venv/bin/python -m pytest

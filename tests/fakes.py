@@ -14,6 +14,11 @@ Every ``decode`` and ``sync`` call is recorded for the tests to inspect.
 Tables compose: :class:`Table` (Markov part + whole-prefix hash part), :class:`Perturbed`
 (another table plus hash noise: a draft that mostly agrees with its target), :class:`Scripted`
 (forces a given continuation after a given position: scripted text for the engine tests).
+
+Time: :class:`Clock` is a simulated clock for ``Engine(clock=...)`` (or a module's
+``time.perf_counter``: :func:`use_clock`), and :class:`TimedLM` a FakeLM whose calls advance it
+by a given cost of their width (with a GPU's graph rule where asked); nothing else takes time on
+it, so every timing in the stats (and the speedup made of them) is exact.
 """
 
 from __future__ import annotations
@@ -257,13 +262,17 @@ class AheadLM(FakeLM):
 
 
 class Clock:
-    """A fake ``time.perf_counter``: it stands still but where a fake call moves it on."""
+    """Simulated seconds (call it for the time): they pass only where a fake call moves them on
+    (:class:`TimedLM`), or the test does (:meth:`advance`)."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
 
     def __call__(self) -> float:
         return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def use_clock(monkeypatch, clock: Clock, *modules) -> Clock:
@@ -275,21 +284,24 @@ def use_clock(monkeypatch, clock: Clock, *modules) -> Clock:
 
 
 class TimedLM(FakeLM):
-    """A FakeLM whose calls take time on a fake :class:`Clock`, as on a device that keeps one
+    """A FakeLM whose calls take time on a :class:`Clock`, as on a device that keeps one
     captured graph per call width (llama.cpp's CUDA backend): a call of width w (the tokens
     it feeds) costs ``steady(w)``, plus ``changed`` where the call before it had another width
     (no graph yet), plus ``second`` where it is the second call of its width in a row (the
     capture); from the third on, ``steady(w)`` alone (a replay). With ``changed = second = 0``
-    a CPU. ``graph_shapes`` (what the engine reads to know a GPU) is true where either is
-    nonzero unless given. ``fixed_width``: every call is that wide (n tokens take
-    ceil(n / width) calls), as a backend at a fixed width pads them."""
+    a CPU. ``prefill``: what a call that reads no logits costs instead of ``steady`` (None:
+    the same rule). All of it times ``slowdown`` (set it to make the machine slower or faster
+    mid-test). ``graph_shapes`` (what the engine reads to know a GPU) is true where
+    ``changed`` or ``second`` is nonzero unless given. ``fixed_width``: every call is that
+    wide (n tokens take ceil(n / width) calls), as a backend at a fixed width pads them."""
 
     def __init__(self, table: LogitTable, clock: Clock, steady: Callable[[int], float], *,
-                 changed: float = 0.0, second: float = 0.0, graph_shapes: bool | None = None,
-                 fixed_width: int = 0, **kw) -> None:
+                 changed: float = 0.0, second: float = 0.0, prefill: float | None = None,
+                 graph_shapes: bool | None = None, fixed_width: int = 0, **kw) -> None:
         super().__init__(table, **kw)
         self.clock = clock
-        self.steady, self.changed, self.second = steady, changed, second
+        self.steady, self.changed, self.second, self.prefill = steady, changed, second, prefill
+        self.slowdown = 1.0
         self.graph_shapes = bool(changed or second) if graph_shapes is None else graph_shapes
         if fixed_width:
             self.fixed_width = fixed_width
@@ -297,9 +309,10 @@ class TimedLM(FakeLM):
         self.run = 0  #: calls of that width in a row
         self.widths: list[int] = []  #: every call's width, in order
 
-    def _call(self, width: int) -> None:
+    def _call(self, width: int, reads: bool) -> None:
         extra = (self.changed if width != self.last else self.second if self.run == 1 else 0.0)
-        self.clock.now += self.steady(width) + extra
+        base = self.steady(width) if reads or self.prefill is None else self.prefill
+        self.clock.now += self.slowdown * (base + extra)
         self.run = self.run + 1 if width == self.last else 1
         self.last = width
         self.widths.append(width)
@@ -309,9 +322,9 @@ class TimedLM(FakeLM):
         fixed = getattr(self, "fixed_width", 0)
         if fixed:
             for _ in range(-(-max(len(tokens), 1) // fixed)):
-                self._call(fixed)
+                self._call(fixed, bool(n_logits))
         else:
-            self._call(len(tokens))
+            self._call(len(tokens), bool(n_logits))
         return out
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> list[int]:

@@ -476,7 +476,7 @@ def _sweep_steady(k: int) -> float:
 def _sweep_engine(clock: Clock, *, changed: float = 0.004, second: float = 0.007) -> Engine:
     target = TimedLM(Table(16, 1), clock, _sweep_steady, changed=changed, second=second)
     draft = TimedLM(Table(16, 2), clock, lambda k: 0.006 * k)
-    return Engine(target, draft, drafter="hybrid")
+    return Engine(target, draft, drafter="hybrid", clock=clock)
 
 
 def test_sweep_table(monkeypatch):

@@ -51,7 +51,7 @@ def build(script=(), *, draft="same", typos=None, drafter="model", n_ctx=128, k=
     "perturbed", or None (no draft model). ``ahead``: the target's decodes are asynchronous
     (:class:`~tests.fakes.AheadLM`), as on a GPU. ``timed``: (clock, the target's
     :class:`~tests.fakes.TimedLM` arguments, the draft's): both models' calls take time on
-    that fake clock.
+    that fake clock, which is the engine's too.
     """
     start = prompt_len(prompt)
     base = Table(V, seed, banned=[BOS, EOG])
@@ -79,7 +79,8 @@ def build(script=(), *, draft="same", typos=None, drafter="model", n_ctx=128, k=
         dm = model(Perturbed(table, seed, 2.0), n_ctx)
     else:
         raise ValueError(draft)
-    return Engine(target, dm, drafter=drafter, draft_length=k)
+    return Engine(target, dm, drafter=drafter, draft_length=k,
+                  clock=timed[0] if timed is not None else None)
 
 
 def complete(engine, prompt=PROMPT, **kw) -> Completion:

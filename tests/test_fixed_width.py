@@ -121,7 +121,7 @@ def test_greedy_speculation_equals_plain_decoding_at_a_fixed_width():
                      progress=False) as engine:
         assert engine.target.kernels == EXACT_FIXED_WIDTH
         assert engine.draft.kernels != EXACT_FIXED_WIDTH  # the draft's q is what it sampled from
-        assert engine.costs.target(1) == engine.costs.target(4) < engine.costs.target(5)
+        assert engine.costs.target.steady(1) == engine.costs.target.steady(4) < engine.costs.target.steady(5)
         prompt = "Add type hints to this function:\n\n" + CODE
         plain = ids(engine.complete(prompt, max_tokens=40, drafter="none", sampling=GREEDY))
         for name in ("lookup", "model", "auto"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,19 @@ def test_python_api_example_runs(tmp_path):
     assert len(lines) >= 3
     assert re.match(r"(stop|length) \d+ tokens in", lines[-2])  # finish reason + stats summary
     float(lines[-1])  # tokens_per_second
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_completes_the_first_run_edit_with_its_stats():
+    """``make run`` sends an edit of given code (where drafting has work to do) with --stats,
+    whose line ends with the measured speedup; ``PROMPT=...`` still sends the user's own."""
+    def dry_run(*args: str) -> str:
+        res = subprocess.run(["make", "-n", "run", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert "complete --stats < scripts/first_run_prompt.txt" in dry_run()
+    prompt = (ROOT / "scripts" / "first_run_prompt.txt").read_text()
+    assert "Return the whole function" in prompt and "```python\ndef " in prompt
+    assert 'complete "reverse a list" --stats' in dry_run("PROMPT=reverse a list")

@@ -127,6 +127,7 @@ def test_cli_complete_streams_text_and_stats():
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip()
     assert "tok/s" in res.stderr and "accepted" in res.stderr
+    assert "x vs target-only (" in res.stderr  # the same-moment speedup, with its basis
     assert "Traceback" not in res.stderr
 
 
@@ -141,6 +142,31 @@ def test_cli_json_from_stdin():
                 "accepted_hist", "tokens_per_second"):
         assert key in data["stats"]
     assert set(data["stats"]["time"]) >= {"drafting", "target", "sampling"}
+    speedup = data["stats"]["speedup"]
+    assert speedup["basis"] in ("measured", "curve") and speedup["samples"] >= 1
+    assert speedup["ratio"] > 0 and speedup["target_only_tokens_per_second"] > 0
+
+
+BUSY = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def test_plain_decoding_reads_1x_under_a_load_started_after_calibration():
+    """The issue's case: the machine gets busier after the engine measured its costs. A figure
+    against a start-up measurement moves with the load; the same-moment one reads plain
+    decoding as what it is."""
+    with Engine.load(pair="tiny", drafter="auto", n_ctx=1024, progress=False) as engine:
+        busy = [subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=60)])
+                for _ in range(os.cpu_count() or 2)]
+        try:
+            stats = engine.complete("Write a short story about a lighthouse.", drafter="none",
+                                    max_tokens=48, sampling=GREEDY).stats
+        finally:
+            for proc in busy:
+                proc.kill()
+                proc.wait()
+    speedup = stats.speedup
+    assert stats.drafted == 0 and speedup.basis == "measured"
+    assert abs(speedup.ratio - 1.0) <= 0.05
 
 
 @pytest.mark.parametrize(

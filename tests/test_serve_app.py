@@ -56,7 +56,7 @@ def test_openai_client_streamed_text_equals_plain_text(served, sampling):
     assert plain.usage.completion_tokens == 20 and plain.usage.prompt_tokens > 0
     stats = plain.model_extra["edgespec"]
     assert stats["generated"] == 20 and stats["acceptance_rate"] == 1.0  # self-draft
-    assert {"mean_accepted", "tokens_per_second", "finish_reason"} <= set(stats)
+    assert {"mean_accepted", "tokens_per_second", "finish_reason", "speedup"} <= set(stats)
 
     chat = api.chat.completions.create(model="x", messages=HELLO, max_tokens=12, **sampling)
     text, chunks = streamed_text(api.chat.completions.create(
@@ -92,13 +92,18 @@ def test_models_health_and_metrics(served):
     health = http.get("/health").json()
     assert health["status"] == "ok" and health["model"] == MODEL_ID
     api.completions.create(model="x", prompt="Once", max_tokens=3)
+    plain = api.completions.create(model="x", prompt="Once", max_tokens=5,
+                                   extra_body={"drafter": "none"}).model_extra["edgespec"]
+    assert plain["speedup"]["ratio"] == 1.0 and plain["speedup"]["basis"] == "measured"
     snap = http.get("/metrics", params={"format": "json"}).json()
+    assert snap["speedup"]["generations"]["measured"] >= 1 and snap["speedup"]["ratio"] is not None
     assert snap["requests"]["by_endpoint"]["completions"]["200"] >= 1
     assert snap["tokens"]["generated"] >= 3 and snap["acceptance_rate"] == 1.0
     assert snap["queue_depth"] == 0 and snap["resident_memory_bytes"] > 0
     text = http.get("/metrics").text
     assert '# TYPE edgespec_tokens_total counter' in text and "edgespec_queue_depth 0" in text
     assert 'edgespec_tokens_total{kind="generated"}' in text
+    assert "# TYPE edgespec_speedup gauge" in text
 
 
 @pytest.mark.parametrize("method, path, body, status, code", [

@@ -1,9 +1,9 @@
-"""Helpers for the chat app's tests: a fake engine over the scripted fake models, a fixed
+"""Helpers for the chat app's tests: a fake engine over the scripted fake models, a simulated
 clock for deterministic timings, and ``wait_until``. (The tests at the end check the helpers.)
 
 The fake engine is the real :class:`edgespec.Engine` (drafters, round loop, rejection test,
-stats, provenance) over :class:`tests.fakes.FakeLM` models with a small word vocabulary, so the
-app sees exactly the chunks and stats a real engine would produce, in milliseconds.
+stats, provenance) over :class:`tests.fakes.TimedLM` models with a small word vocabulary, so
+the app sees exactly the chunks and stats a real engine would produce, in milliseconds.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from edgespec.core.rejection import Source
 from edgespec.core.sampling import SamplingParams
 from edgespec.runtime.engine import Engine
 
-from .fakes import FakeLM, Perturbed, Table
+from .fakes import TimedLM, Clock, Perturbed, Table
 
 BOS, EOG = 0, 1
 WORDS = ["<s>", "</s>", " the", " draft", " model", " guesses", " tokens", ",", " and", " target",
@@ -25,34 +25,18 @@ WORDS = ["<s>", "</s>", " the", " draft", " model", " guesses", " tokens", ",", 
          " keeps", " small", " big"]
 VOCAB = [w.encode() for w in WORDS]
 
-#: Simulated seconds per target call (one verification round) and per prefill.
-ROUND_TIME = 0.05
-PREFILL_TIME = 0.1
+#: Simulated seconds per target call of any width (one verification round) and per prefill.
+#: Nothing else takes time on the fake engine's clock, so target-only decoding runs at
+#: ``1 / ROUND_TIME`` tokens/s and the speedup of a speculative turn is its tokens per round:
+#: deterministic numbers for the panel and for snapshots.
+#: (Powers of two: sums of them are exact in floating point.)
+ROUND_TIME = 0.0625
+PREFILL_TIME = 0.125
 
 
-class FixedClockEngine(Engine):
-    """An Engine whose stats times follow a fixed clock instead of the wall clock.
-
-    Each verification round costs ``round_time``, all of it in the target call, so
-    target-only decoding runs at ``1 / round_time`` tokens/s and the speedup of a speculative
-    turn is its tokens per round: deterministic numbers for the panel and for snapshots.
-    """
-
-    round_time = ROUND_TIME
-
-    def stream(self, prompt, **kwargs):
-        for chunk in super().stream(prompt, **kwargs):
-            stats = chunk.stats
-            stats.time_prefill = PREFILL_TIME
-            stats.time_total = PREFILL_TIME + stats.rounds * self.round_time
-            stats.time_target = stats.rounds * self.round_time
-            stats.time_drafting = stats.time_sampling = 0.0
-            yield chunk
-
-
-class SlowFakeLM(FakeLM):
-    """A fake whose ``decode`` sleeps ``delay`` seconds, and can be held at a gate
-    (``gate.clear()``, or ``hold_after = n`` decode calls) to freeze generation mid-answer."""
+class SlowFakeLM(TimedLM):
+    """A clocked fake whose ``decode`` also sleeps ``delay`` real seconds, and can be held at a
+    gate (``gate.clear()``, or ``hold_after = n`` decode calls) to freeze generation mid-answer."""
 
     def __init__(self, *args, delay: float = 0.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -71,20 +55,29 @@ class SlowFakeLM(FakeLM):
         return super().decode(tokens, n_logits)
 
 
-def fake_models(*, n_ctx: int = 1024, delay: float = 0.0, seed: int = 3, scale: float = 1.0):
-    """A target and a partly agreeing draft over :data:`VOCAB` (BOS and EOG never generated:
+def fake_models(clock: Clock, *, n_ctx: int = 1024, delay: float = 0.0, seed: int = 3,
+                scale: float = 1.0):
+    """A target (:data:`ROUND_TIME` a call, :data:`PREFILL_TIME` a prefill on ``clock``) and a
+    partly agreeing draft (no simulated time) over :data:`VOCAB` (BOS and EOG never generated:
     answers run to ``max_tokens`` or the end of the context)."""
     table = Table(len(VOCAB), seed, banned=[BOS, EOG])
-    target = SlowFakeLM(table, n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS, delay=delay)
-    draft = SlowFakeLM(Perturbed(table, seed, scale), n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS)
+    words = dict(n_ctx=n_ctx, vocab=VOCAB, eog=[EOG], bos=BOS)
+    target = SlowFakeLM(table, clock, lambda n: ROUND_TIME, prefill=PREFILL_TIME, delay=delay,
+                        **words)
+    draft = SlowFakeLM(Perturbed(table, seed, scale), clock, lambda n: 0.0, **words)
     return target, draft
 
 
-def fake_engine(*, drafter: str = "hybrid", draft_length: int = 4, fixed_clock: bool = True,
-                with_draft: bool = True, **kwargs) -> Engine:
-    target, draft = fake_models(**kwargs)
-    cls = FixedClockEngine if fixed_clock else Engine
-    return cls(target, draft if with_draft else None, drafter=drafter, draft_length=draft_length)
+def fake_engine(*, drafter: str = "hybrid", draft_length: int = 4, with_draft: bool = True,
+                **kwargs) -> Engine:
+    """The engine over :func:`fake_models` on a simulated clock, its costs measured as
+    ``Engine.load`` measures them for the chat (a flat curve of ROUND_TIME)."""
+    clock = Clock()
+    target, draft = fake_models(clock, **kwargs)
+    engine = Engine(target, draft if with_draft else None, drafter=drafter,
+                    draft_length=draft_length, clock=clock)
+    engine.calibrate()
+    return engine
 
 
 async def wait_until(pilot, predicate, timeout: float = 20.0, what: str = "") -> None:
@@ -143,7 +136,7 @@ async def until_answered(pilot, entries: int, timeout: float = 20.0) -> None:
 # ---- the helpers' own checks ------------------------------------------------------------------
 
 
-def test_fixed_clock_engine_is_deterministic_and_speculates():
+def test_fake_engine_is_deterministic_and_speculates():
     greedy = SamplingParams(temperature=0)
     runs = [fake_engine().complete([{"role": "user", "content": "hi"}], max_tokens=30, sampling=greedy)
             for _ in range(2)]

@@ -1,6 +1,6 @@
 """Snapshot tests (pytest-textual-snapshot) of the chat's main screen and its help screen.
 
-Deterministic: the fake engine runs on a fixed clock (tests/test_tui_helpers.FixedClockEngine),
+Deterministic: the fake engine runs on a simulated clock (tests/test_tui_helpers.fake_engine),
 greedy, and a mid-answer screen is frozen at a fixed decode call. Update the SVGs in
 tests/__snapshots__/ with ``pytest tests/test_tui_snapshots.py --snapshot-update`` after checking
 the new screens by eye.

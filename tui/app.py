@@ -35,13 +35,7 @@ from edgespec.errors import ConfigError, ContextOverflowError, EdgespecError
 from edgespec.runtime.drafters import DRAFTER_NAMES
 from tui.conversation import Conversation, default_save_stem, short_meta
 from tui.screens import HelpScreen
-from tui.speed import (
-    DEFAULT_CALIBRATION_TOKENS,
-    Baseline,
-    RollingRate,
-    baseline_from_turn,
-    calibrate,
-)
+from tui.speed import RollingRate
 from tui.widgets import AssistantMessage, NoteMessage, StatsPanel, UserMessage
 from tui.widgets.prompt import ChatInput
 from tui.widgets.stats_panel import TurnView, fmt_k
@@ -55,7 +49,8 @@ WELCOME = (
     "Type a message and press Enter. While the answer streams, the panel on the right shows what "
     "the drafter does: a small model (or prompt lookup) guesses the next few tokens and the "
     "target model checks them all in one pass. Green text is guessed tokens the target accepted; "
-    "the speedup compares this turn with the target decoding alone. F1: keys and commands."
+    "the speedup compares this turn with the target decoding alone, both measured in this turn. "
+    "F1: keys and commands."
 )
 
 COMMANDS = [
@@ -87,8 +82,6 @@ class ChatSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = config.DEFAULT_MAX_TOKENS
     system: str | None = None
-    calibrate: bool = True
-    calibration_tokens: int = DEFAULT_CALIBRATION_TOKENS
 
 
 # ---- messages from the worker threads ----------------------------------------------------------
@@ -101,17 +94,17 @@ class LoadStage(Message):
 
 
 class EngineReady(Message):
-    def __init__(self, engine, baseline: Baseline | None, note: str | None) -> None:
+    def __init__(self, engine) -> None:
         super().__init__()
-        self.engine, self.baseline, self.note = engine, baseline, note
+        self.engine = engine
 
 
 class LoadFailed(Message):
-    """``fatal``: no engine (the models did not load); else only the calibration failed."""
+    """The models did not load: no engine."""
 
-    def __init__(self, error: str, fatal: bool = True) -> None:
+    def __init__(self, error: str) -> None:
         super().__init__()
-        self.error, self.fatal = error, fatal
+        self.error = error
 
 
 @dataclass(eq=False)
@@ -199,7 +192,6 @@ class ChatApp(App[None]):
         self.draft_length = self.settings.draft_length
         self.sampling = self.settings.sampling
         self.max_tokens = self.settings.max_tokens
-        self.baseline: Baseline | None = None
         self.coloured = True
         self.turn: Turn | None = None
         self.turn_count = 0
@@ -244,8 +236,7 @@ class ChatApp(App[None]):
 
     def on_mount(self) -> None:
         self.sub_title = self.model_label
-        note = "calibrating…" if self.settings.calibrate else "off: run a drafter-none turn"
-        self._show_settings(baseline_note=note)
+        self._show_settings()
         self._load_timer = self.set_interval(0.5, self._tick_loading)
         self.prompt_input.focus()
         self.load_models()
@@ -270,18 +261,7 @@ class ChatApp(App[None]):
                     engine.close()
                 return
             self._loaded_engine = engine
-        baseline, note = None, None
-        if self.settings.calibrate:
-            n = self.settings.calibration_tokens
-            self.post_message(LoadStage(f"Measuring target-only speed ({n} tokens)…"))
-            try:
-                baseline = calibrate(engine, n)
-                if baseline is None:
-                    note = "calibration too short"
-            except BaseException as err:  # noqa: BLE001
-                note = "calibration failed"
-                self.post_message(LoadFailed(f"calibration failed: {describe_error(err)}", fatal=False))
-        self.post_message(EngineReady(engine, baseline, note))
+        self.post_message(EngineReady(engine))
 
     def _build_engine(self):
         """Call the factory; one that takes an argument gets a ``report(stage)`` callback."""
@@ -306,21 +286,17 @@ class ChatApp(App[None]):
             self.query_one("#loading-text", Static).update(message.text)
 
     def on_load_failed(self, message: LoadFailed) -> None:
-        if not message.fatal:
-            self.notify(message.error, title="calibration", severity="warning")
-            return
         self.load_error = message.error
         self.query_one("#loading").remove()
         self.conversation_view.mount(NoteMessage(
             f"Could not load the models: {message.error}\n\nQuit with ctrl+q and check the model "
             "options (edgespec chat --help).", classes="error"), before="#filler")
         self.prompt_input.placeholder = "no model loaded"
-        self.panel.show(baseline_note="no model loaded")
+        self.panel.show(note="no model loaded")
         self.notify(message.error, title="model failed to load", severity="error", timeout=10)
 
     def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
-        self.baseline = message.baseline
         choice = getattr(self.engine, "draft_choice", None)
         if choice is not None:  # the draft was picked for this target: say which and why
             picked = f"draft {choice.draft}: {choice.reason}" if choice.draft else choice.reason
@@ -335,10 +311,7 @@ class ChatApp(App[None]):
         prompt = self.prompt_input
         prompt.placeholder = "Message (Enter sends · F1 help)"
         prompt.focus()
-        extra = {"baseline": self.baseline, "n_ctx": getattr(self.engine.target, "n_ctx", None)}
-        if message.note:
-            extra["baseline_note"] = message.note
-        self._show_settings(**extra)
+        self._show_settings(n_ctx=getattr(self.engine.target, "n_ctx", None), note=None)
 
     def _engine_label(self) -> str:
         names = [getattr(getattr(self.engine, role, None), "path", None) for role in ("target", "draft")]
@@ -457,23 +430,19 @@ class ChatApp(App[None]):
             self.refresh_bindings()
             return
         view.finish = FINISH_LABELS.get(reason, reason)
-        if turn.drafter == "none":
-            measured = baseline_from_turn(view.stats, turn.number)
-            if measured is not None:
-                self.baseline = measured
-        speedup = self.baseline.speedup(view.stats.tokens_per_second) if self.baseline else None
+        speedup = view.stats.speedup
         meta = {
             "drafter": turn.drafter, "draft_length": turn.draft_length,
             "temperature": turn.sampling.temperature, "finish_reason": reason,
-            "speedup": round(speedup, 3) if speedup else None,
-            "baseline": self.baseline.basis if self.baseline else None,
+            "speedup": speedup.ratio if speedup else None,  # (rounded once, where shown)
+            "baseline": speedup.basis_text if speedup else None,
             "stats": view.stats.to_dict(),
         }
         self.conversation.add("user", turn.user_text)
         self.conversation.add("assistant", turn.widget.text, meta)
         turn.widget.finish(short_meta(meta))
         self.last_view = view
-        self.panel.show(turn=view, baseline=self.baseline)
+        self.panel.show(turn=view)
         if reason == "context":
             self.notify("context full: clear the conversation (ctrl+l)", title="context full",
                         severity="warning", timeout=10)
@@ -581,11 +550,7 @@ class ChatApp(App[None]):
         return paths
 
     def _save_header(self) -> dict:
-        return {
-            "models": self.sub_title or self.model_label,
-            "target_only_tokens_per_second": round(self.baseline.tokens_per_second, 3) if self.baseline else None,
-            "baseline": self.baseline.basis if self.baseline else None,
-        }
+        return {"models": self.sub_title or self.model_label}
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

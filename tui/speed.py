@@ -1,67 +1,13 @@
-"""What the speedup figure is measured against, and the live "tokens/s now" rate.
+"""The live "speed now" rate of a turn.
 
-The speedup shown in the chat is ``turn tokens/s / target-only tokens/s``, both with the prompt
-prefill excluded (``Stats.tokens_per_second``). The target-only rate comes from a
-:class:`Baseline`: a short greedy calibration with drafter ``none`` right after the models load,
-replaced by the measured rate of any chat turn run with drafter ``none``.
+The speedup the chat shows is the engine's own (``Stats.speedup``): the turn's speed against
+target-only decoding estimated from the turn's own target calls, at the same moment
+(:mod:`edgespec.core.speedup`); nothing is measured apart from the turn for it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-
-from edgespec.core.sampling import SamplingParams
-from edgespec.core.stats import Stats
-
-#: A fixed, neutral prompt whose greedy answer is long enough for the calibration.
-CALIBRATION_PROMPT = "Count from 1 to 100, separated by commas."
-DEFAULT_CALIBRATION_TOKENS = 16
-#: A ``none`` turn shorter than this does not replace the baseline (too noisy).
-MIN_BASELINE_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """Target-only decoding speed and where it comes from."""
-
-    tokens_per_second: float
-    tokens: int
-    source: str  # "calibration" | "turn"
-    turn: int | None = None
-
-    @property
-    def basis(self) -> str:
-        """A short phrase for the panel: how the baseline was measured."""
-        if self.source == "calibration":
-            return f"start-up calibration, {self.tokens} tok"
-        return f"measured turn {self.turn}, {self.tokens} tok"
-
-    def speedup(self, tokens_per_second: float) -> float | None:
-        if self.tokens_per_second <= 0 or tokens_per_second <= 0:
-            return None
-        return tokens_per_second / self.tokens_per_second
-
-
-def calibrate(engine, tokens: int = DEFAULT_CALIBRATION_TOKENS) -> Baseline | None:
-    """Time ``tokens`` greedy target-only tokens on :data:`CALIBRATION_PROMPT`.
-
-    Costs one prefill of a short prompt; the chat's next turn re-prefills its own prompt
-    anyway (the engine reuses the longest shared KV prefix, which here is just the template head).
-    """
-    result = engine.complete(CALIBRATION_PROMPT, drafter="none", max_tokens=tokens,
-                             sampling=SamplingParams(temperature=0.0))
-    stats = result.stats
-    if stats.generated < 2 or stats.tokens_per_second <= 0:
-        return None
-    return Baseline(stats.tokens_per_second, stats.generated, "calibration")
-
-
-def baseline_from_turn(stats: Stats, turn: int) -> Baseline | None:
-    """A baseline from a chat turn decoded with drafter ``none`` (None if too short)."""
-    if stats.generated < MIN_BASELINE_TOKENS or stats.tokens_per_second <= 0:
-        return None
-    return Baseline(stats.tokens_per_second, stats.generated, "turn", turn)
 
 
 class RollingRate:

@@ -6,8 +6,6 @@ import threading
 
 import click
 
-from tui.speed import DEFAULT_CALIBRATION_TOKENS
-
 from .. import config
 from .options import (
     CONTEXT_SETTINGS,
@@ -25,15 +23,10 @@ from .options import (
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=config.DEFAULT_MAX_TOKENS,
               show_default=True, help="Longest answer per turn, in tokens.")
 @click.option("--system", default=None, help="System message for the conversation.")
-@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
-              help="Time a short target-only run at start-up: the speedup's baseline. Without "
-                   "it the speedup shows n/a until a turn runs with drafter `none`.")
-@click.option("--calibration-tokens", type=click.IntRange(2, 256),
-              default=DEFAULT_CALIBRATION_TOKENS, show_default=True,
-              help="Tokens the start-up calibration generates.")
 @user_errors
-def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
-    """Chat in the terminal and watch, live, what speculation buys.
+def chat(max_tokens, system, **opts) -> None:
+    """Chat in the terminal and watch, live, what speculation buys: each turn's speedup over
+    target-only decoding, both measured in that turn.
 
     Keys: ctrl+q quit, escape stop the answer, ctrl+d drafter, ctrl+k/ctrl+j draft length,
     ctrl+t temperature, ctrl+o colours, ctrl+l clear, ctrl+y copy, ctrl+s save, f1 help.
@@ -44,8 +37,7 @@ def chat(max_tokens, system, calibrate, calibration_tokens, **opts) -> None:
 
     sampling = make_sampling(opts)  # bad values fail here, before the screen opens
     settings = ChatSettings(drafter=opts["drafter"], draft_length=opts["draft_length"],
-                            sampling=sampling, max_tokens=max_tokens, system=system,
-                            calibrate=calibrate, calibration_tokens=calibration_tokens)
+                            sampling=sampling, max_tokens=max_tokens, system=system)
     # Load the draft model whenever there is one, so the drafter can be switched in the
     # app; a target without --draft gets one picked for it, or lookup and none only (the app
     # says which).

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
+
+#: A clock in seconds (``time.perf_counter`` where none is given; tests pass a simulated one).
+Clock = Callable[[], float]
 
 #: Weight of a new observation in the running estimates.
 _EMA = 0.2

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .speedup import Speedup, TargetCalls, same_moment_speedup
+
 
 @dataclass
 class SourceStats:
-    """Per-drafter counts (``hybrid`` mixes ``lookup`` and ``model`` rounds)."""
+    """Per-drafter counts (``hybrid`` mixes ``lookup`` and ``model`` rounds; ``none`` counts the
+    plain steps), and the seconds of their rounds' drafting, target calls and sampling."""
 
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    time_drafting: float = 0.0
+    time_target: float = 0.0
+    time_sampling: float = 0.0
 
 
 @dataclass
@@ -22,6 +28,10 @@ class Stats:
     with nothing drafted count under 0); ``drafted_hist[k]`` counts rounds that drafted k tokens
     (what ``auto`` chose). Times are seconds of wall clock; ``time_llama`` is the part of the
     decoding time spent inside llama.cpp's decode calls (target and draft).
+
+    ``calls`` holds what the target calls say of a plain step's cost now; ``eog``: an
+    end-of-generation token ended the answer (not in ``generated``). With them, :attr:`speedup`
+    is measured against target-only decoding at the same moment (:mod:`edgespec.core.speedup`).
     """
 
     prompt_tokens: int = 0
@@ -39,12 +49,19 @@ class Stats:
     time_sampling: float = 0.0
     time_total: float = 0.0
     time_llama: float = 0.0
+    calls: TargetCalls = field(default_factory=TargetCalls)
+    eog: bool = False
 
-    def record_round(self, drafter: str, drafted: int, accepted: int) -> None:
-        """Count one verification round."""
+    def record_round(self, drafter: str, drafted: int, accepted: int, t_draft: float = 0.0,
+                     t_target: float = 0.0, t_sampling: float = 0.0) -> None:
+        """Count one verification round, and its seconds drafting, in the target call and
+        sampling."""
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.time_drafting += t_draft
+        self.time_target += t_target
+        self.time_sampling += t_sampling
         if len(self.accepted_hist) <= accepted:
             self.accepted_hist.extend([0] * (accepted + 1 - len(self.accepted_hist)))
         self.accepted_hist[accepted] += 1
@@ -57,6 +74,21 @@ class Stats:
         src.rounds += 1
         src.drafted += drafted
         src.accepted += accepted
+        src.time_drafting += t_draft
+        src.time_target += t_target
+        src.time_sampling += t_sampling
+
+    @property
+    def plain(self) -> SourceStats:
+        """The plain steps: rounds that drafted nothing."""
+        return self.by_drafter.get("none") or SourceStats()
+
+    @property
+    def speedup(self) -> Speedup | None:
+        """Speed against target-only decoding at the same moment, from this generation's own
+        target calls (:func:`~edgespec.core.speedup.same_moment_speedup`); ``None`` before a
+        round, or where speculative rounds ran with too few plain steps and no cost curve."""
+        return same_moment_speedup(self)
 
     @property
     def acceptance_rate(self) -> float:
@@ -125,6 +157,7 @@ class Stats:
                 "total": round(self.time_total, 4),
             },
             "python_overhead": round(self.python_overhead, 4),
+            "speedup": speedup.to_dict() if (speedup := self.speedup) is not None else None,
         }
 
     def summary(self) -> str:
@@ -134,6 +167,15 @@ class Stats:
             f"({self.tokens_per_second:.1f} tok/s, prefill {self.prompt_tokens} tok "
             f"{self.time_prefill:.2f}s) | rounds {self.rounds}, drafted {self.drafted}, "
             f"accepted {self.accepted} ({100 * self.acceptance_rate:.0f}%), "
-            f"{self.tokens_per_round:.2f} tok/round"
+            f"{self.tokens_per_round:.2f} tok/round | {self.speedup_text()}"
         )
         return line
+
+    def speedup_text(self) -> str:
+        """``2.10x vs target-only (measured in turn, 42 steps)``, or why there is no figure."""
+        speedup = self.speedup
+        if speedup is not None:
+            return f"{speedup.ratio:.2f}x vs target-only ({speedup.basis_text})"
+        if self.rounds == 0:
+            return "speedup n/a (no round)"
+        return "speedup n/a (too few plain steps, no cost curve)"

@@ -7,6 +7,7 @@ provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the st
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import sys
@@ -15,7 +16,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .. import config
 from ..core.costs import CallCosts
@@ -184,15 +185,22 @@ def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
 class Costs:
     """This machine's measured costs: the target's call costs and the draft model's seconds
     per token, both as calibrated and refined by every round that ``auto`` plays, in this
-    generation and the next (``draft_per_token`` stays the calibration's figure)."""
+    generation and the next (``draft_per_token`` stays the calibration's figure).
+
+    ``calibrated``: the target's call costs as calibrated, never refined: its points were all
+    measured at one moment, so their ratios (its shape) convert a call of any width to plain
+    calls for the same-moment speedup. The refined costs mix moments: after the machine slows
+    down, the widths ``auto`` plays follow it before S(1) does."""
 
     target: CallCosts
     draft_per_token: float | None
     calibration_seconds: float
     draft: CostEstimate | None = field(init=False, default=None)
+    calibrated: CallCosts = field(init=False)
 
     def __post_init__(self) -> None:
-        # one estimate for every generation, as the curve is: a draft call on a GPU costs
+        self.calibrated = copy.deepcopy(self.target)
+        # one estimate for every generation, as the call costs are: a draft call on a GPU costs
         # more in the loop than calibrated (calls of changing width), and each generation
         # starting again from the calibration paid for that lesson again
         if self.draft_per_token is not None:
@@ -203,7 +211,8 @@ class Engine:
     """Exact speculative decoding over a llama.cpp target and an optional draft model.
 
     Build one with :meth:`Engine.load`; use :meth:`stream` for live output or :meth:`complete`
-    for the whole text. One generation runs at a time; a second concurrent call raises
+    for the whole text. ``clock`` (seconds; default ``time.perf_counter``) times the
+    calibration and every generation's stats: tests give a simulated one. One generation runs at a time; a second concurrent call raises
     :class:`EngineBusyError`. Close the engine (or use it as a context manager) to free memory.
     """
 
@@ -217,6 +226,7 @@ class Engine:
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
         draft_window: int = config.DRAFT_WINDOW,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         keep_freed_memory()  # (row-sized temporaries every token: no page faults for them)
         self.target = target
@@ -238,6 +248,9 @@ class Engine:
         self.draft_choice = None
         self._lock = threading.Lock()
         self._owner: int | None = None  #: the thread generating (holding _lock), if any
+        #: what times calibration and generation (None: ``time.perf_counter``; tests pass a
+        #: simulated clock that their fake models advance)
+        self.clock = clock
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -402,19 +415,22 @@ class Engine:
         engine (``force`` re-measures); ``auto`` refines them as it runs."""
         if self.costs is not None and not force:
             return self.costs
+        clock = self.clock or time.perf_counter
         with self._exclusive():
             self._warm(config.AUTO_MAX_DRAFT_LENGTH + 1, draft=True)
-            start = time.perf_counter()
+            start = clock()
             # at a fixed width every call up to that width costs the same: one price to measure
             width = getattr(self.target, "fixed_width", 0)
             target = measure_call_costs(
                 self.target, config.CALIBRATION_POINTS, width=width,
                 graphs=bool(getattr(self.target, "graph_shapes", False)),
-                repeats=config.CALIBRATION_REPEATS, budget_s=config.CALIBRATION_BUDGET_S)
+                repeats=config.CALIBRATION_REPEATS, budget_s=config.CALIBRATION_BUDGET_S,
+                clock=clock)
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
-                                             budget_s=config.DRAFT_CALIBRATION_BUDGET_S)
+                                             budget_s=config.DRAFT_CALIBRATION_BUDGET_S,
+                                             clock=clock)
                           if self.draft is not None else None)
-            self.costs = Costs(target, draft_cost, time.perf_counter() - start)
+            self.costs = Costs(target, draft_cost, clock() - start)
         return self.costs
 
     def _warm(self, upto: int, *, draft: bool) -> None:
@@ -555,24 +571,26 @@ class Engine:
 
     def _generate(self, prompt, drafter, k, sampling, max_tokens, stop) -> Iterator[Chunk]:
         target = self.target
+        clock = self.clock or time.perf_counter
         stats = Stats(prompt_tokens=len(prompt))
-        start = time.perf_counter()
+        start = clock()
         stats.cached_prompt_tokens = prefill(target, prompt)
         wants = getattr(drafter, "wants_prompt_cached", None)
         if self.draft is not None and wants is not None and wants(k):
             prefill(self.draft, prompt)  # the draft's prefill is prefill too, not drafting time
-        stats.time_prefill = time.perf_counter() - start
+        stats.time_prefill = clock() - start
         llama_start = self._llama_seconds()
         text = TextStream(stop)
         rng = make_rng(sampling.seed)
         finish = None
-        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens)
+        costs = self.costs.calibrated if self.costs is not None else None
+        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens, costs, clock)
         try:
             for rnd in played:
                 infos: list[TokenInfo] = []
                 for tok, src in zip(rnd.tokens, rnd.sources):
                     if target.is_eog(tok):
-                        finish = "stop"
+                        finish, stats.eog = "stop", True
                         break
                     stats.generated += 1
                     infos.append(TokenInfo(tok, text.push(target.token_bytes(tok)), src))
@@ -582,7 +600,7 @@ class Engine:
                     if stats.generated >= max_tokens:
                         finish = "length"
                         break
-                stats.time_total = time.perf_counter() - start
+                stats.time_total = clock() - start
                 stats.time_llama = self._llama_seconds() - llama_start
                 if finish:
                     tail = text.flush()
@@ -592,7 +610,7 @@ class Engine:
                     yield Chunk("".join(i.text for i in infos) + tail, infos, stats, finish)
                     return
                 yield Chunk("".join([i.text for i in infos]), infos, stats)  # (no generator)
-            stats.time_total = time.perf_counter() - start
+            stats.time_total = clock() - start
             stats.time_llama = self._llama_seconds() - llama_start
             yield Chunk(text.flush(), [], stats, "context")
         finally:

@@ -17,9 +17,11 @@ from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
+from ..core.costs import CallCosts, Clock
 from ..core.dist import AnyDist
 from ..core.rejection import Source, verify, verify_greedy
 from ..core.sampling import SamplingParams, distribution, pending_distribution
+from ..core.speedup import CallMeter
 from ..core.stats import Stats
 from .cache import Follower
 from .drafters import Drafter, Outcome
@@ -91,10 +93,14 @@ def rounds(
     draft_length: int,
     stats: Stats,
     max_new_tokens: int | None = None,
+    costs: CallCosts | None = None,
+    clock: Clock | None = None,
 ) -> Iterator[Round]:
     """Yield verification rounds until the context is full (the caller stops on anything else).
 
     ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
+    ``costs``: the target's call costs as calibrated; every call is added to ``stats.calls``
+    (:class:`~edgespec.core.speedup.CallMeter`: the evidence of the same-moment speedup). ``clock``: what times the rounds (``time.perf_counter``; tests pass a simulated one).
 
     On a GPU a plain step costs ~2 ms, and what Python does between two decodes runs in the
     cold caches a decode leaves, where each call or object made costs several µs (10-15 µs
@@ -129,6 +135,8 @@ def rounds(
     plain_next = getattr(drafter, "plain_next", None) if ahead else None
     draft_source, target_source = Source.DRAFT, Source.TARGET
     n_ctx = target.n_ctx
+    clock = clock or time.perf_counter
+    meter = CallMeter(costs, stats.calls)
 
     def plan(launched: float | None = None) -> tuple:
         """Propose the next round, bring the cache to it and (``ahead``) launch its call:
@@ -142,25 +150,25 @@ def rounds(
         k = min(draft_length, n_ctx - len(committed) - 1)
         if max_new_tokens is not None:
             k = min(k, max(max_new_tokens - emitted - 1, 0))
-        t0 = time.perf_counter()
+        t0 = clock()
         draft = drafter.propose(committed, k, params, rng) if k > 0 else None
         if launched is not None:
             return draft, [], [], 0.0, launched, bool(plain_next(draft_length))
         tokens = draft.tokens[:k] if draft else []
         q = draft.q[: len(tokens)] if draft else []
-        t1 = time.perf_counter()
+        t1 = clock()
         cache.sync(committed, len(committed) - 1)
         if ahead:
             start([committed[-1], *tokens], len(tokens) + 1, picks=as_picks)
-        return draft, tokens, q, t1 - t0, time.perf_counter() - t1, bool(
+        return draft, tokens, q, t1 - t0, clock() - t1, bool(
             plain_next is not None and not tokens and plain_next(draft_length))
 
     def launch_plain() -> float:
         """Launch a plain step the drafter assured (before its work on it); its seconds."""
-        t1 = time.perf_counter()
+        t1 = clock()
         cache.sync(committed, len(committed) - 1)
         start([committed[-1]], 1, picks=as_picks)
-        return time.perf_counter() - t1
+        return clock() - t1
 
     pending = None
     try:
@@ -169,10 +177,10 @@ def rounds(
                 pending = plan()
             draft, tokens, q, t_draft, t_target, assured = pending
             pending = None
-            t2 = time.perf_counter()
+            t2 = clock()
             if picks is not None:
                 ids = finish() if ahead else picks([committed[-1], *tokens], len(tokens) + 1)
-                t3 = time.perf_counter()
+                t3 = clock()
                 if tokens:
                     verdict = verify_greedy(tokens, ids)
                     accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
@@ -180,11 +188,12 @@ def rounds(
                     accepted, token, source = 0, int(ids[0]), target_source
             else:
                 logits = finish() if ahead else target.decode([committed[-1], *tokens], len(tokens) + 1)
-                t3 = time.perf_counter()
+                t3 = clock()
                 verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
                 accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
-            t4 = time.perf_counter()
+            t4 = clock()
             t_target += t3 - t2
+            meter.add(len(tokens) + 1, t_target)
 
             new = tokens[:accepted] + [token]
             committed.extend(new)
@@ -213,10 +222,7 @@ def rounds(
             # (from here on, on an asynchronous target, the device computes the next round)
             name = draft.source if draft and tokens else "none"
             sources = [draft_source] * accepted + [source]
-            stats.record_round(name, len(tokens), accepted)
-            stats.time_drafting += t_draft
-            stats.time_target += t_target
-            stats.time_sampling += t4 - t3
+            stats.record_round(name, len(tokens), accepted, t_draft, t_target, t4 - t3)
             yield Round(new, sources, name, len(tokens), accepted)
             if failure is not None:
                 raise failure

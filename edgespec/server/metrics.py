@@ -1,4 +1,8 @@
-"""Counters behind ``GET /metrics``: requests, tokens, queue, acceptance, memory.
+"""Counters behind ``GET /metrics``: requests, tokens, queue, acceptance, speedup, memory.
+
+The speedup is each generation's own (``Stats.speedup``: target-only decoding estimated from its
+own target calls, at the same moment), summed as seconds: target-only seconds over decoding
+seconds of every generation that has a figure, the speedup of all those tokens together.
 
 Updated from the event loop (requests) and the worker thread (generations), so every update
 takes a lock. :meth:`Metrics.snapshot` gives a JSON-ready dict; :func:`prometheus_text` renders
@@ -14,7 +18,10 @@ import threading
 from collections import Counter
 from typing import Any
 
+from ..core.speedup import CURVE, MEASURED
 from ..core.stats import Stats
+
+SPEEDUP_BASES = (MEASURED, CURVE)
 
 
 def resident_memory_bytes() -> int:
@@ -37,6 +44,9 @@ class Metrics:
         self._tokens: Counter[str] = Counter()
         self._seconds = 0.0
         self._mean_job_seconds = 0.0
+        self._target_only_seconds = 0.0
+        self._decode_seconds = 0.0
+        self._speedup_bases: Counter[str] = Counter()
 
     def count_request(self, endpoint: str, status: int) -> None:
         """One HTTP response on ``endpoint`` with ``status``."""
@@ -56,6 +66,11 @@ class Metrics:
                 self._tokens["drafted"] += stats.drafted
                 self._tokens["accepted"] += stats.accepted
                 self._tokens["rounds"] += stats.rounds
+                speedup = stats.speedup
+                if speedup is not None:
+                    self._target_only_seconds += speedup.target_only_seconds
+                    self._decode_seconds += speedup.seconds
+                    self._speedup_bases[speedup.basis] += 1
 
     @property
     def mean_job_seconds(self) -> float:
@@ -88,6 +103,13 @@ class Metrics:
                 "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
                 "mean_accepted": round(accepted / rounds, 4) if rounds else 0.0,
                 "generation_seconds": round(self._seconds, 3),
+                "speedup": {
+                    "ratio": (round(self._target_only_seconds / self._decode_seconds, 4)
+                              if self._decode_seconds > 0 else None),
+                    "target_only_seconds": round(self._target_only_seconds, 4),
+                    "decode_seconds": round(self._decode_seconds, 4),
+                    "generations": {b: self._speedup_bases.get(b, 0) for b in SPEEDUP_BASES},
+                },
                 "queue_depth": queue_depth,
                 "queue_capacity": queue_capacity,
                 "busy": busy,
@@ -119,6 +141,20 @@ def prometheus_text(snap: dict[str, Any]) -> str:
            [("", snap["mean_accepted"])])
     metric("edgespec_generation_seconds_total", "counter", "Wall time spent generating.",
            [("", snap["generation_seconds"])])
+    speedup = snap["speedup"]
+    metric("edgespec_speedup", "gauge",
+           "Target-only seconds over decoding seconds of the generations with a same-moment "
+           "speedup, since start (NaN before one).",
+           [("", speedup["ratio"] if speedup["ratio"] is not None else "NaN")])
+    metric("edgespec_target_only_seconds_total", "counter",
+           "Seconds target-only decoding would have taken, estimated in each generation.",
+           [("", speedup["target_only_seconds"])])
+    metric("edgespec_decode_seconds_total", "counter",
+           "Decoding seconds (prefill excluded) of the generations with a speedup.",
+           [("", speedup["decode_seconds"])])
+    metric("edgespec_speedup_generations_total", "counter",
+           "Generations with a speedup, by how its baseline was obtained.",
+           [(f'{{basis="{b}"}}', n) for b, n in speedup["generations"].items()])
     metric("edgespec_queue_depth", "gauge", "Requests waiting for the engine.",
            [("", snap["queue_depth"])])
     metric("edgespec_queue_capacity", "gauge", "Most requests that may wait.",

@@ -1,8 +1,9 @@
 """The speculation panel: what the drafter did this turn and what it bought.
 
 Every number comes from the engine's :class:`edgespec.core.stats.Stats` for the current (or last)
-turn, except "speed now" (the same counters over the last second of the engine's clock) and the
-target-only baseline (see :mod:`tui.speed`).
+turn, "speed now" included (the same counters over the last second of the engine's clock), and
+the speedup and target-only speed are the stats' own (``Stats.speedup``: target-only decoding
+estimated from the turn's own target calls, at the same moment).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from edgespec import config
+from edgespec.core.speedup import Speedup
 from edgespec.core.stats import Stats
-from tui.speed import Baseline
 from tui.widgets.message import DRAFT_STYLE
 
 LABEL = 15  # label column width
@@ -97,8 +98,7 @@ class StatsPanel(Static):
         self.draft_length: int | None = None
         self.temperature = 0.0
         self.coloured = True
-        self.baseline: Baseline | None = None
-        self.baseline_note = "calibrating…"
+        self.note: str | None = "loading…"  #: said under target-only before a turn (None: nothing)
         self.n_ctx: int | None = None
         self.turn: TurnView | None = None
 
@@ -109,10 +109,8 @@ class StatsPanel(Static):
             setattr(self, name, value)
         self.update(self.build())
 
-    def speedup(self) -> float | None:
-        if self.turn is None or self.baseline is None:
-            return None
-        return self.baseline.speedup(self.turn.stats.tokens_per_second)
+    def speedup(self) -> Speedup | None:
+        return self.turn.stats.speedup if self.turn is not None else None
 
     def build(self) -> Group:
         lines: list[Text] = [
@@ -129,18 +127,21 @@ class StatsPanel(Static):
         s = turn.stats if turn else Stats()
         lines.append(row("speed now", fmt_rate(turn.now if turn and turn.streaming else None)))
         lines.append(row("speed turn", fmt_rate(s.tokens_per_second if turn else None)))
-        if self.baseline is not None:
-            lines.append(row("target-only", fmt_rate(self.baseline.tokens_per_second)))
-            lines.append(Text(f" ({self.baseline.basis})", style="dim"))
-        else:
-            lines.append(row("target-only", "n/a"))
-            lines.append(Text(f" ({self.baseline_note})", style="dim"))
         speedup = self.speedup()
-        if speedup is None:
-            lines.append(row("speedup", "n/a", "bold"))
+        if speedup is not None:
+            lines.append(row("target-only", fmt_rate(speedup.target_only_tokens_per_second)))
+            lines.append(Text(f" ({speedup.basis_text})", style="dim"))
+            ratio = speedup.ratio
+            style = "bold green" if ratio >= 1.05 else "bold red" if ratio < 0.95 else "bold"
+            lines.append(row("speedup", f"{ratio:.2f}×", style))
         else:
-            style = "bold green" if speedup >= 1.05 else "bold red" if speedup < 0.95 else "bold"
-            lines.append(row("speedup", f"{speedup:.2f}×", style))
+            lines.append(row("target-only", "–" if turn is None or not s.rounds else "n/a"))
+            if turn is None:
+                why = self.note or "measured in each turn"
+            else:
+                why = "no round yet" if not s.rounds else "few plain steps, no curve"
+            lines.append(Text(f" ({why})", style="dim"))
+            lines.append(row("speedup", "–" if turn is None or not s.rounds else "n/a", "bold"))
         drafting = turn is not None and turn.drafter != "none" and turn.draft_length != 0
         lines.append(row("acceptance", f"{100 * s.acceptance_rate:.0f}%" if drafting and s.drafted else "–"))
         lines.append(row("accepted/round", f"{s.mean_accepted:.2f}" if drafting and s.rounds else "–"))
