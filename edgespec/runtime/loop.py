@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..core.sampling import SamplingParams, distribution, pending_distribution
 from ..core.speedup import CallMeter
 from ..core.stats import Stats
 from .cache import Follower
-from .drafters import Drafter, Outcome
+from .drafters import Draft, Drafter, Outcome
 
 
 class Target(Protocol):
@@ -40,6 +40,19 @@ class Target(Protocol):
     # Optional: ``asynchronous`` (true where a decode returns before the device is done) with
     # ``start_decode(tokens, n_logits, picks=...)`` and ``finish_decode()``: the next round is
     # then launched before this one is yielded (see :func:`rounds`).
+
+
+class Plan(NamedTuple):
+    """The next round, proposed and (on an asynchronous target) launched: what it drafts, the
+    seconds spent drafting and on the target's side so far, and whether the drafter assured
+    that the round after it is a plain step (``plain_next``)."""
+
+    draft: Draft | None
+    tokens: list[int]
+    q: list
+    t_draft: float
+    t_target: float
+    assured: bool
 
 
 @dataclass(frozen=True)
@@ -138,13 +151,11 @@ def rounds(
     clock = clock or time.perf_counter
     meter = CallMeter(costs, stats.calls)
 
-    def plan(launched: float | None = None) -> tuple:
-        """Propose the next round, bring the cache to it and (``ahead``) launch its call:
-        ``(draft, tokens, q, seconds drafting, seconds of the target's so far, assured)``,
-        ``assured``: the round after it is a plain step (``plain_next``). ``launched``: the
-        seconds of a plain step already launched (:func:`launch_plain`); the proposal is then
-        the drafter's bookkeeping, made while the device computes, and the round stays plain
-        (nothing waited for the proposal: no drafting time)."""
+    def plan(launched: float | None = None) -> Plan:
+        """Propose the next round, bring the cache to it and (``ahead``) launch its call.
+        ``launched``: the seconds of a plain step already launched (:func:`launch_plain`); the
+        proposal is then the drafter's bookkeeping, made while the device computes, and the
+        round stays plain (nothing waited for the proposal: no drafting time)."""
         # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
         # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
         k = min(draft_length, n_ctx - len(committed) - 1)
@@ -153,15 +164,15 @@ def rounds(
         t0 = clock()
         draft = drafter.propose(committed, k, params, rng) if k > 0 else None
         if launched is not None:
-            return draft, [], [], 0.0, launched, bool(plain_next(draft_length))
+            return Plan(draft, [], [], 0.0, launched, bool(plain_next(draft_length)))
         tokens = draft.tokens[:k] if draft else []
         q = draft.q[: len(tokens)] if draft else []
         t1 = clock()
         cache.sync(committed, len(committed) - 1)
         if ahead:
             start([committed[-1], *tokens], len(tokens) + 1, picks=as_picks)
-        return draft, tokens, q, t1 - t0, clock() - t1, bool(
-            plain_next is not None and not tokens and plain_next(draft_length))
+        return Plan(draft, tokens, q, t1 - t0, clock() - t1, bool(
+            plain_next is not None and not tokens and plain_next(draft_length)))
 
     def launch_plain() -> float:
         """Launch a plain step the drafter assured (before its work on it); its seconds."""
@@ -214,7 +225,7 @@ def rounds(
                 observe(Outcome(draft, len(tokens), accepted, new, t_draft, t_target))
             if goes_on:
                 if launched is not None:  # (finished on close even if proposing fails)
-                    pending = (None, [], [], 0.0, launched, False)
+                    pending = Plan(None, [], [], 0.0, launched, False)
                 try:
                     pending = plan(launched)
                 except Exception as err:  # raised once this round is delivered
