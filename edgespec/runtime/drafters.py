@@ -28,6 +28,7 @@ from ..core.policy import Offer, RoundOutcome
 from ..core.sampling import SamplingParams, draft_distribution, window_distribution
 from ..errors import ConfigError
 from .cache import Follower
+from .capabilities import capabilities
 
 DRAFTER_NAMES = ("auto", "none", "lookup", "model", "hybrid")
 
@@ -55,10 +56,10 @@ class DraftModel(Protocol):
 
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
 
-    # Optional: ``decode_argmax(tokens, n_logits)``, the rows' arg-max ids only (greedy drafts
-    # then never bring a row of logits to the host); ``decode_window(tokens, n_logits, w)``,
-    # each row's w largest logits and their ids, used where ``device_window`` is true (the
-    # device takes the window, and sampled drafts never bring a row to the host either).
+    # What more it can do, it declares (:mod:`edgespec.runtime.capabilities`): ``argmax``
+    # (greedy drafts then never bring a row of logits to the host), ``device_window`` (the
+    # device takes a sampled draft's window: no row reaches the host either), ``graph_shapes``
+    # (a short catch-up then goes a token a call, on a replayed graph).
 
 
 class Drafter(Protocol):
@@ -224,6 +225,7 @@ class ModelDrafter:
         self.n_vocab = n_vocab
         self.window = window
         self._cache = Follower(model)
+        self._caps = capabilities(model)  #: (its device window is read anew: it may turn off)
         self._context: list[int] | None = None  #: the text the last proposal was for
         #: single-token calls in a row so far (in this text): from the third on, a GPU
         #: replays the draft context's graph, and their time is the steady per-token price
@@ -246,9 +248,9 @@ class ModelDrafter:
             self._context, self._singles = context, 0
         self._steady_n = 0
         self._steady_s = 0.0
-        if params.greedy and hasattr(self.model, "decode_argmax"):
+        if params.greedy and self._caps.argmax:
             draft = self._propose_greedy(context[n_cached:], k, draft)
-        elif not params.greedy and self.window and getattr(self.model, "device_window", False):
+        elif not params.greedy and self.window and capabilities(self.model).device_window:
             draft = self._propose_on_device(context[n_cached:], k, params, rng, draft)
         else:
             draft = self._propose_host(context[n_cached:], k, params, rng, draft)
@@ -268,8 +270,7 @@ class ModelDrafter:
     def wide(self, behind: int) -> bool:
         """Whether reading ``behind`` tokens takes one call for them all (else a call each:
         see :meth:`_catch_up`)."""
-        return behind > 1 and not (getattr(self.model, "graph_shapes", False)
-                                   and behind <= SINGLE_CATCHUP)
+        return behind > 1 and not (self._caps.graph_shapes and behind <= SINGLE_CATCHUP)
 
     def step_cost(self) -> float | None:
         """Seconds per drafted token in the last proposal, as the calibration measures it

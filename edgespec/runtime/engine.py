@@ -28,6 +28,7 @@ from ..core.textstream import TextStream
 from ..errors import ConfigError, ContextOverflowError, EdgespecError, IncompatibleDraftError
 from .allocator import keep_freed_memory
 from .calibration import measure_call_costs, measure_draft_cost, warm_widths
+from .capabilities import capabilities
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
 from .loop import prefill, rounds
 from .rpc import DEFAULT_RPC_TIMEOUT_S
@@ -181,6 +182,98 @@ def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
         return DraftChoice(None, reason), None
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """Where and how each model of :meth:`Engine.load` runs, every value checked before
+    anything loads."""
+
+    threads: int
+    n_ctx: int
+    n_batch: int
+    n_gpu_layers: int
+    draft_n_gpu_layers: int
+    target_rpc: tuple[str, ...]
+    draft_rpc: tuple[str, ...]
+    rpc_timeout: float
+    tensor_split: tuple[float, ...]
+    batch_consistent: bool
+    fixed_width: int
+
+    @classmethod
+    def check(cls, n_threads, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, rpc, draft_rpc,
+              rpc_timeout, tensor_split, batch_consistent, fixed_width, exact) -> "_Placement":
+        """The defaults filled in (see :meth:`Engine.load`); a ConfigError for a bad value."""
+        from .backend import parse_tensor_split
+        from .rpc import parse_endpoints
+
+        threads = n_threads if n_threads is not None else config.default_threads()
+        if threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        if n_ctx < 16:
+            raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
+        target_rpc, drafts_rpc = parse_endpoints(rpc), parse_endpoints(draft_rpc)
+        split = parse_tensor_split(tensor_split)
+        if not rpc_timeout > 0:
+            raise ConfigError(f"RPC timeout must be > 0 seconds, got {rpc_timeout}")
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if target_rpc else 0
+        if draft_n_gpu_layers is None:
+            draft_n_gpu_layers = -1 if drafts_rpc else (0 if target_rpc else n_gpu_layers)
+        if exact:
+            fixed_width = exact_width(fixed_width, batch_consistent, n_gpu_layers, target_rpc)
+        return cls(threads, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, target_rpc,
+                   drafts_rpc, rpc_timeout, split, batch_consistent, fixed_width)
+
+    def _options(self, path: Path, ngl: int, consistent: bool, width: int,
+                 workers: tuple[str, ...], split: tuple[float, ...] = ()):
+        from .backend import ModelOptions
+
+        # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
+        # allocates plain buffers): the pieces then follow the plain kernels (7 rows).
+        return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=self.threads,
+                            n_ctx=self.n_ctx, n_batch=self.n_batch, batch_consistent=consistent,
+                            rpc=workers, rpc_timeout=self.rpc_timeout, repack=not workers,
+                            tensor_split=split, fixed_width=width)
+
+    def target_options(self, path: Path):
+        return self._options(path, self.n_gpu_layers, self.batch_consistent, self.fixed_width,
+                             self.target_rpc, self.tensor_split)
+
+    def draft_options(self, path: Path, same_file: bool):
+        """Exactness needs only the target's logits to be batch-independent: the draft's q is
+        whatever it samples from, so it keeps the fastest kernels. A draft that is the target's
+        own file keeps the target's settings (and, in the Engine, its whole rows): q == p."""
+        return self._options(path, self.draft_n_gpu_layers, self.batch_consistent and same_file,
+                             self.fixed_width if same_file else 0, self.draft_rpc)
+
+
+def _load_draft(target_be, target: str, target_path: Path, draft_path: Path | None,
+                place: _Placement, download: bool, progress: bool):
+    """The draft backend (or None) and the pick behind it (None where the user named one or
+    there was none to pick). Without ``draft_path`` one is picked once the target has loaded
+    (a file llama.cpp refuses needs no draft); a picked draft that turns out incompatible is
+    said and dropped, the user's own raises."""
+    from ..models.drafts import DraftChoice
+    from .backend import LlamaBackend, check_compatible
+
+    choice = None
+    if draft_path is None:
+        choice, draft_path = _pick_draft(target, target_path, download, progress)
+        if draft_path is None:
+            return None, choice
+    same_file = draft_path.resolve() == target_path.resolve()
+    draft_be = LlamaBackend(place.draft_options(draft_path, same_file))
+    try:
+        check_compatible(target_be, draft_be)
+    except IncompatibleDraftError as err:
+        draft_be.close()
+        if choice is None:
+            raise  # the user's own --draft: their mistake to hear about
+        _note(progress, f"{err}: lookup drafting only")
+        return None, DraftChoice(None, f"{err}: lookup drafting only")
+    return draft_be, choice
+
+
 @dataclass
 class Costs:
     """This machine's measured costs: the target's call costs and the draft model's seconds
@@ -316,32 +409,18 @@ class Engine:
         (:meth:`calibrate`).
         """
         from ..models.catalog import resolve_pair
-        from ..models.drafts import DraftChoice
         from ..models.resolve import check_model_argument, resolve_model
-        from .backend import LlamaBackend, ModelOptions, check_compatible, parse_tensor_split
-        from .rpc import parse_endpoints
+        from .backend import LlamaBackend
 
         check_drafter_name(drafter)
         validate_draft_length(draft_length)
         validate_draft_window(draft_window)
         make_drafter("lookup", max_ngram=max_ngram, min_ngram=min_ngram)  # validates n-gram sizes
-        threads = n_threads if n_threads is not None else config.default_threads()
-        if threads < 1:
-            raise ConfigError(f"threads must be >= 1, got {threads}")
-        if n_ctx < 16:
-            raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
         if draft is not None and drafter not in MODEL_DRAFTERS:
             check_model_argument(str(draft))  # not loaded, but a typo still deserves an error
-        target_rpc, drafts_rpc = parse_endpoints(rpc), parse_endpoints(draft_rpc)
-        split = parse_tensor_split(tensor_split)
-        if not rpc_timeout > 0:
-            raise ConfigError(f"RPC timeout must be > 0 seconds, got {rpc_timeout}")
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if target_rpc else 0
-        if draft_n_gpu_layers is None:
-            draft_n_gpu_layers = -1 if drafts_rpc else (0 if target_rpc else n_gpu_layers)
-        if exact:
-            fixed_width = exact_width(fixed_width, batch_consistent, n_gpu_layers, target_rpc)
+        place = _Placement.check(n_threads, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, rpc,
+                                 draft_rpc, rpc_timeout, tensor_split, batch_consistent,
+                                 fixed_width, exact)
         if target is None:
             chosen = resolve_pair(pair)
             target, draft = chosen.target, draft if draft is not None else chosen.draft
@@ -349,44 +428,16 @@ class Engine:
         draft_path = None
         if draft is not None and drafter in MODEL_DRAFTERS:  # fetched before anything loads
             draft_path = resolve_model(str(draft), download=download, progress=progress)
-
-        def options(path: Path, ngl: int, consistent: bool, width: int, workers: tuple[str, ...],
-                    split: tuple[float, ...] = ()) -> ModelOptions:
-            # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
-            # allocates plain buffers): the pieces then follow the plain kernels (7 rows).
-            return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx,
-                                n_batch=n_batch, batch_consistent=consistent, rpc=workers,
-                                rpc_timeout=rpc_timeout, repack=not workers, tensor_split=split,
-                                fixed_width=width)
-
-        target_be = LlamaBackend(options(target_path, n_gpu_layers, batch_consistent, fixed_width,
-                                         target_rpc, split))
+        target_be = LlamaBackend(place.target_options(target_path))
         draft_be = None
-        choice = None
         try:
-            if draft is None and drafter in MODEL_DRAFTERS:
-                # Picked once the target has loaded: a file llama.cpp refuses needs no draft.
-                choice, draft_path = _pick_draft(str(target), target_path, download, progress)
-            if draft_path is not None:
-                # Exactness needs only the target's logits to be batch-independent: the draft's
-                # q is whatever it samples from, so it keeps the fastest kernels. A draft that
-                # is the target's own file keeps the target's settings (and, in the Engine, its
-                # whole rows), so that q == p exactly.
-                same_file = draft_path.resolve() == target_path.resolve()
-                draft_be = LlamaBackend(options(draft_path, draft_n_gpu_layers,
-                                                batch_consistent and same_file,
-                                                fixed_width if same_file else 0, drafts_rpc))
-                try:
-                    check_compatible(target_be, draft_be)
-                except IncompatibleDraftError as err:
-                    if choice is None:
-                        raise  # the user's own --draft: their mistake to hear about
-                    _note(progress, f"{err}: lookup drafting only")
-                    draft_be.close()
-                    draft_be = None
-                    choice = DraftChoice(None, f"{err}: lookup drafting only")
+            if drafter in MODEL_DRAFTERS:
+                draft_be, choice = _load_draft(target_be, str(target), target_path, draft_path,
+                                               place, download, progress)
+            else:
+                choice = None
             if draft_be is None and drafter in ("model", "hybrid"):
-                drafter = "lookup"  # said above: no draft model for this target
+                drafter = "lookup"  # said when it was found: no draft model for this target
             engine = cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
                          max_ngram=max_ngram, min_ngram=min_ngram, draft_window=draft_window)
             engine.draft_choice = choice
@@ -406,7 +457,7 @@ class Engine:
         graph, where its output layer is on a local GPU)."""
         if not self.draft_window or self.draft is None:
             return "off"
-        return "device" if getattr(self.draft, "device_window", False) else "host"
+        return "device" if capabilities(self.draft).device_window else "host"
 
     def calibrate(self, *, force: bool = False) -> Costs:
         """Measure the target's call costs (:class:`~edgespec.core.costs.CallCosts`: S(n) at
@@ -420,10 +471,10 @@ class Engine:
             self._warm(config.AUTO_MAX_DRAFT_LENGTH + 1, draft=True)
             start = clock()
             # at a fixed width every call up to that width costs the same: one price to measure
-            width = getattr(self.target, "fixed_width", 0)
+            caps = capabilities(self.target)
             target = measure_call_costs(
-                self.target, config.CALIBRATION_POINTS, width=width,
-                graphs=bool(getattr(self.target, "graph_shapes", False)),
+                self.target, config.CALIBRATION_POINTS, width=caps.fixed_width,
+                graphs=caps.graph_shapes,
                 repeats=config.CALIBRATION_REPEATS, budget_s=config.CALIBRATION_BUDGET_S,
                 clock=clock)
             draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
@@ -444,7 +495,7 @@ class Engine:
         here, once per engine, it is not paid inside an answer or a timed calibration."""
         for model, warmed, wanted in ((self.target, self._warmed[0], True),
                                       (self.draft, self._warmed[1], draft)):
-            if not wanted or model is None or not getattr(model, "graph_shapes", False):
+            if not wanted or not capabilities(model).graph_shapes:
                 continue
             todo = [n for n in range(1, upto + 1) if n not in warmed]
             if todo:

@@ -24,6 +24,7 @@ from ..core.sampling import SamplingParams, distribution, pending_distribution
 from ..core.speedup import CallMeter
 from ..core.stats import Stats
 from .cache import Follower
+from .capabilities import capabilities
 from .drafters import Draft, Drafter, Outcome
 
 
@@ -35,11 +36,9 @@ class Target(Protocol):
 
     def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray: ...
 
-    # Optional: ``decode_argmax(tokens, n_logits)``, each row's arg-max id only. Greedy rounds
-    # use it when present: the target's picks are all a greedy verdict needs.
-    # Optional: ``asynchronous`` (true where a decode returns before the device is done) with
-    # ``start_decode(tokens, n_logits, picks=...)`` and ``finish_decode()``: the next round is
-    # then launched before this one is yielded (see :func:`rounds`).
+    # What more it can do, it declares (:mod:`edgespec.runtime.capabilities`): ``argmax``
+    # (greedy rounds then read the target's picks only, all a greedy verdict needs) and
+    # ``asynchronous`` (the next round is launched before this one is yielded: :func:`rounds`).
 
 
 class Plan(NamedTuple):
@@ -138,9 +137,10 @@ def rounds(
     committed = list(prompt)
     cache = Follower(target)
     emitted = 0
-    picks = getattr(target, "decode_argmax", None) if params.greedy else None
-    start = getattr(target, "start_decode", None)
-    ahead = start is not None and getattr(target, "asynchronous", False)
+    caps = capabilities(target)
+    picks = target.decode_argmax if params.greedy and caps.argmax else None
+    ahead = caps.asynchronous
+    start = target.start_decode if ahead else None
     finish = target.finish_decode if ahead else None
     is_eog = getattr(target, "is_eog", None)
     as_picks = picks is not None
