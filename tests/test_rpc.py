@@ -355,7 +355,7 @@ def test_chat_gives_the_terminal_back_when_its_worker_dies():
     pid, fd = pty.fork()
     if pid == 0:  # the child: `edgespec chat` on a terminal of 100 x 30
         os.execv(sys.executable, [sys.executable, "-m", "edgespec", "chat", "--pair", "tiny",
-                                  "--rpc", w.endpoint, "--no-calibrate", "--drafter", "none",
+                                  "--rpc", w.endpoint, "--drafter", "none",
                                   "-n", "3000"])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     screen = bytearray()
