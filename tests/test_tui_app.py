@@ -12,6 +12,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
+from textual import events
 from textual.widgets import LoadingIndicator, Markdown
 
 from edgespec.cli.main import cli
@@ -281,6 +282,36 @@ def test_context_full_then_prompt_too_long_then_clear():
         await pilot.press("enter")  # the restored message, sent again
         await until_answered(pilot, 2)
         assert app.conversation.entries[0].content == "and again"
+
+    drive(app, scenario)
+
+
+def test_pasted_code_of_several_lines_is_sent_whole():
+    """Textual's Input keeps a paste's first line only: the chat's keeps all of it behind a marker,
+    sends it whole, and puts it back (as a marker) when the turn cannot run."""
+    app = make_app(fake_engine(n_ctx=120), max_tokens=500)
+    code = "def f(x):\r\n    return x + 1\n\nprint(f(2))"
+    want = "Add type hints:def f(x):\n    return x + 1\n\nprint(f(2)) please"
+
+    async def scenario(pilot):
+        await until_ready(pilot)
+        box = app.prompt_input
+        box.value = "Add type hints:"
+        box.post_message(events.Paste(code))
+        await pilot.pause()
+        assert box.value == "Add type hints:[paste 1: 4 lines]"
+        box.post_message(events.Paste(" please"))  # one line goes in as it is
+        await pilot.pause()
+        await pilot.press("enter")
+        await until_answered(pilot, 2)
+        assert app.conversation.entries[0].content == want
+        assert box.value == "" and box.message() == ""
+        # the context is full now: a pasted message that cannot run comes back, still whole
+        box.post_message(events.Paste("a\nb"))
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.turn is None and box.value == "[paste 1: 2 lines]")
+        assert box.message() == "a\nb" and len(app.conversation) == 2
 
     drive(app, scenario)
 

@@ -227,8 +227,8 @@ class ChatApp(App[None]):
         return self.query_one(StatsPanel)
 
     @property
-    def prompt_input(self) -> Input:
-        return self.query_one("#prompt", Input)
+    def prompt_input(self) -> ChatInput:
+        return self.query_one("#prompt", ChatInput)
 
     @property
     def conversation_view(self) -> VerticalScroll:
@@ -325,7 +325,7 @@ class ChatApp(App[None]):
 
     @on(Input.Submitted, "#prompt")
     def on_prompt_submitted(self, event: Input.Submitted) -> None:
-        text = event.value
+        text = self.prompt_input.message(event.value)
         if not text.strip():
             return
         if text.startswith("/") and not text.startswith("//"):
@@ -418,7 +418,7 @@ class ChatApp(App[None]):
             turn.widget.remove()
             self.turn_count -= 1
             if not self.prompt_input.value:
-                self.prompt_input.value = turn.user_text
+                self.prompt_input.restore(turn.user_text)
             if reason == "overflow":
                 self.notify(f"{message.error}. Clear the conversation (ctrl+l) and send again: "
                             "your message is back in the input box.", title="context full",
