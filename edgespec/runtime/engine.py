@@ -341,9 +341,9 @@ class Engine:
         self.draft_choice = None
         self._lock = threading.Lock()
         self._owner: int | None = None  #: the thread generating (holding _lock), if any
-        #: what times calibration and generation (None: ``time.perf_counter``; tests pass a
-        #: simulated clock that their fake models advance)
-        self.clock = clock
+        #: what times calibration and generation (tests pass a simulated clock that their fake
+        #: models advance; the virtual GPU its own)
+        self.clock: Callable[[], float] = clock or time.perf_counter
 
     # ---- construction ----------------------------------------------------------------------
 
@@ -466,7 +466,7 @@ class Engine:
         engine (``force`` re-measures); ``auto`` refines them as it runs."""
         if self.costs is not None and not force:
             return self.costs
-        clock = self.clock or time.perf_counter
+        clock = self.clock
         with self._exclusive():
             self._warm(config.AUTO_MAX_DRAFT_LENGTH + 1, draft=True)
             start = clock()
@@ -622,7 +622,7 @@ class Engine:
 
     def _generate(self, prompt, drafter, k, sampling, max_tokens, stop) -> Iterator[Chunk]:
         target = self.target
-        clock = self.clock or time.perf_counter
+        clock = self.clock
         stats = Stats(prompt_tokens=len(prompt))
         start = clock()
         stats.cached_prompt_tokens = prefill(target, prompt)

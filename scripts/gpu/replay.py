@@ -355,8 +355,8 @@ def main() -> None:
     ap.add_argument("--capture-ms", type=float, default=0.0,
                     help="what a graph capture costs more than a call without one (target)")
     ap.add_argument("--policy-capture-ms", type=float,
-                    help="the return penalty auto's calibration starts from (default: "
-                    "--capture-ms, as measure_return_penalty would find it here)")
+                    help="older trees (--tree, before auto's costs were S, U, C): the return "
+                    "penalty their calibration starts from (default: --capture-ms)")
     ap.add_argument("--machine", metavar="BENCH_JSON",
                     help="replay on the machine a bench results file calibrated (its target "
                     "curve, switch penalty and draft cost) instead of the H100: on a CPU, the "
@@ -374,8 +374,9 @@ def main() -> None:
                     help="the draft model's calls cost this many times the model's price "
                     "(1.2 fitted the 2026-11-28 H100 lease's model and hybrid runs)")
     ap.add_argument("--auto-set", action="append", default=[], metavar="NAME=VALUE",
-                    help="set an AutoDrafter class attribute for the run (e.g. HOLD_K=4): "
-                    "the variants auto_variants.py measures on a GPU")
+                    help="set a PolicyConfig field for the run (e.g. margin=0.05; on older "
+                    "--tree trees an AutoDrafter class attribute): the variants "
+                    "auto_variants.py measures on a GPU")
     ap.add_argument("--jitter", type=float, default=0.0,
                     help="each call's time times exp(N(0, JITTER)): a noisy machine")
     ap.add_argument("--drift", type=float, default=0.0,
@@ -460,9 +461,12 @@ def main() -> None:
         noise_rng = np.random.default_rng(args.seed)
         target.device.noise = draft.device.noise = (noise_rng, args.jitter, args.drift)
     if new_policy:  # the engine's own calibration, on the virtual devices
-        from edgespec.runtime import calibration as calibration_module
+        if hasattr(engine, "clock"):  # the calibration reads the engine's clock
+            engine.clock = clock
+        else:  # (trees before it read their module's time)
+            from edgespec.runtime import calibration as calibration_module
 
-        calibration_module.time = virtual
+            calibration_module.time = virtual
         real_target, real_draft = engine.target, engine.draft
         engine.target, engine.draft = target, draft
         target.fixed_width = args.fixed_width
