@@ -188,38 +188,31 @@ class CallCosts:
     second: float = 0.0  #: C
     graphs: bool = False
 
-    def shape(self, n):
-        """The width of the call that scores n tokens (an int, or an array of them): n, or the
-        fixed width."""
-        width = self.steady.width
-        if not width:
-            return n
-        return width if isinstance(n, int) else np.full_like(n, width)
+    def shape(self, n: int) -> int:
+        """The width of the call that scores n tokens: n, or the fixed width."""
+        return self.steady.shape(n)
 
     def relation(self, width: int, last: int | None, run: int) -> int:
+        """SETTLED, SECOND or CHANGED: a call of ``width`` after ``run`` calls of ``last``
+        (always SETTLED without graphs)."""
+        if not self.graphs:
+            return SETTLED
         if width != last:
             return CHANGED
         return SECOND if run == 1 else SETTLED
 
-    def entry(self, widths: np.ndarray, last: int | None, run: int,
-              goes_on: float = 1.0) -> np.ndarray:
-        """What calls at each of ``widths`` from here pay once, beyond S: a new width U now and
-        C on its second call, which comes with probability ``goes_on``; a width called once so
-        far C; a settled one nothing."""
-        if not self.graphs:
-            return np.zeros(len(widths))
-        return np.where(widths != last, self.changed + goes_on * self.second,
-                        self.second if run == 1 else 0.0)
+    def excess(self, width: int, last: int | None, run: int) -> float:
+        """What such a call pays beyond S(width): U, C or nothing."""
+        return (0.0, self.second, self.changed)[self.relation(width, last, run)]
 
     def __call__(self, width: int, last: int | None, run: int) -> float:
-        rel = self.relation(width, last, run) if self.graphs else SETTLED
-        return self.steady(width) + (0.0, self.second, self.changed)[rel]
+        return self.steady(width) + self.excess(width, last, run)
 
     def least_after(self, width: int, last: int | None, run: int) -> "CallCosts":
         """These costs with the excess that one more call of ``width`` (after ``run`` calls of
         ``last``) would refine at its least: a sample is never below 0, so it keeps at least
         1 - the running average's weight of itself. S is shared, not copied."""
-        rel = self.relation(width, last, run) if self.graphs else SETTLED
+        rel = self.relation(width, last, run)
         keep = 1.0 - _EMA
         return CallCosts(self.steady, self.changed * (keep if rel == CHANGED else 1.0),
                          self.second * (keep if rel == SECOND else 1.0), self.graphs)
@@ -227,7 +220,7 @@ class CallCosts:
     def observe(self, width: int, last: int | None, run: int, seconds: float) -> None:
         """A call of ``width`` after ``run`` calls of width ``last`` took ``seconds``: a settled
         call refines S(width), another the excess of its relation (capped as S's samples are)."""
-        rel = self.relation(width, last, run) if self.graphs else SETTLED
+        rel = self.relation(width, last, run)
         if rel == SETTLED:
             self.steady.observe(width, seconds)
             return

@@ -44,7 +44,6 @@ from ..config import DEFAULT_MAX_NGRAM
 from .costs import CallCosts, counts_upto, expected_tokens_upto
 
 SOURCES = ("none", "lookup", "model")
-_ONE = np.ones(1)
 
 
 @dataclass(frozen=True)
@@ -346,14 +345,12 @@ class Policy:
             return np.empty(0)
         return _chain_array(self._chain(ngram, k_max), k_max)
 
-    def _chain(self, ngram: int, k_max: int, reach: int = 0) -> list[float]:
+    def _chain(self, ngram: int, k_max: int) -> list[float]:
         """The estimates a lookup draft of ``k_max`` tokens from a match of ``ngram`` meets while
-        its match grows, up to ``max_ngram`` (whose estimate goes on for the rest); with
-        ``reach``, that size's estimate at the most one more observation can make it."""
+        its match grows, up to ``max_ngram`` (whose estimate goes on for the rest)."""
         cap = max(self.max_ngram, ngram)
         last = min(cap, ngram + k_max - 1)
-        return [self.lookup_estimate(n).reach() if n == reach else self.lookup_estimate(n).alpha
-                for n in range(ngram, last + 1)]
+        return [self.lookup_estimate(n).alpha for n in range(ngram, last + 1)]
 
     def _length(self, estimate: AcceptanceEstimate) -> float:
         return 1.0 / (1.0 - min(estimate.alpha, 1.0 - 1.0 / self.config.max_stretch))

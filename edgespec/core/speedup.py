@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .costs import SETTLED, CallCosts
+from .costs import CallCosts
 
 MEASURED = "measured"
 CURVE = "curve"
@@ -86,8 +86,7 @@ class CallMeter:
         paid = 0.0
         if costs is not None and costs.graphs:
             shape = costs.shape(n)
-            if costs.relation(shape, self._last, self._run) != SETTLED:
-                paid = costs(shape, self._last, self._run) - costs.steady(shape)
+            paid = costs.excess(shape, self._last, self._run)
             self._run = self._run + 1 if shape == self._last else 1
             self._last = shape
         if n == 1 and not paid:
