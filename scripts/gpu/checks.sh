@@ -35,8 +35,8 @@
 # scripts/gpu/heldout.jsonl` for section 2b's). Set its figures against bench_greedy.txt's
 # and bench_heldout.txt's: where they part, the cost model needs the lease's numbers
 # (`--sweep /tmp/r/sweep.json --machine /tmp/r/bench_greedy.json`: the lease's own GPU and
-# calibration; --capture-ms: 5 fitted the 2026-11-28 lease's lookup runs). Section 3's
-# auto-noreturn and the sweep's `return ms` column say whether the return penalty holds.
+# calibration; --capture-ms: 5 fitted the 2026-11-28 lease's lookup runs). The sweep's
+# `U ms` and `C ms` columns are what auto's call costs take for a change of width.
 # Section 2c's bench_exact.json replays with `--machine /tmp/r/bench_exact.json --fixed-width 8`.
 set -u
 BUDGET=${1:-540}
@@ -87,8 +87,8 @@ TAIL=30 run 45 bench_exact $ES bench $GPU -r 1 --exact --drafters none,lookup,mo
 TAIL=15 run 40 bench_exact_mixed $ES bench $GPU -r 1 --exact --prompts scripts/gpu/mixed.jsonl --drafters none,model,auto --json "$R/bench_exact_mixed.json"
 
 section "3 where auto loses to none: auto against variants of its policy, one engine (issue 11)"
-# auto-workfirst is auto before its assured plain steps were launched ahead of its work (the
-# 2026-11-28 lease: 0.93-0.98x of none on the all-plain prompts): auto >= 0.95x everywhere?
+# the variants are PolicyConfig changes (auto_variants.py lists them): auto >= 0.95x of none
+# on every prompt, and which of its rules pays?
 TAIL=25 run 120 auto_variants python3 scripts/gpu/auto_variants.py "$T" "$D" --ngl -1 -r 3 --json "$R/auto_variants.json"
 
 section "4 sampled, after the hot-loop work (issue 10 on a GPU)"
