@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -282,6 +283,44 @@ def test_context_full_then_prompt_too_long_then_clear():
         await pilot.press("enter")  # the restored message, sent again
         await until_answered(pilot, 2)
         assert app.conversation.entries[0].content == "and again"
+
+    drive(app, scenario)
+
+
+@pytest.mark.parametrize("frame", [0.0, 0.3])
+def test_a_streaming_answer_is_drawn_at_most_once_a_frame_and_whole_at_its_end(frame, monkeypatch):
+    """Chunks update the answer's data as they come; the screen draws it at most once per
+    ``frame`` seconds (the interface thread shares the cores with llama.cpp's), and the turn's
+    end draws it whole."""
+    engine = fake_engine()
+    stream = engine.stream
+
+    def paced(*args, **kwargs):  # a chunk every 40 ms: the answer streams onto a mounted widget
+        for chunk in stream(*args, **kwargs):
+            time.sleep(0.04)
+            yield chunk
+
+    engine.stream = paced
+    app = make_app(engine, max_tokens=40, frame=frame)
+    chunks, draws = [], []
+    append, draw = AssistantMessage.append, AssistantMessage.draw
+    monkeypatch.setattr(AssistantMessage, "append",
+                        lambda self, *chunk: (chunks.append(time.monotonic()), append(self, *chunk)))
+    monkeypatch.setattr(AssistantMessage, "draw",
+                        lambda self: (draws.append(time.monotonic()), draw(self)))
+
+    async def scenario(pilot):
+        await until_ready(pilot)
+        await type_and_send(pilot, "Explain speculative decoding")
+        await until_answered(pilot, 2)
+        widget = app.query_one(AssistantMessage)
+        assert widget.text == app.conversation.entries[1].content and len(chunks) > 3
+        assert str(widget.query_one(".body").content) == widget.text  # drawn whole at the end
+        if frame == 0:
+            assert len(draws) == len(chunks)
+        else:
+            assert 1 <= len(draws) < len(chunks)
+            assert all(b - a >= frame * 0.9 for a, b in zip(draws, draws[1:]))
 
     drive(app, scenario)
 

@@ -36,6 +36,7 @@ from edgespec.runtime.drafters import DRAFTER_NAMES
 from tui.conversation import Conversation, default_save_stem, short_meta
 from tui.screens import HelpScreen
 from tui.speed import RollingRate
+from tui.throttle import Throttle
 from tui.widgets import AssistantMessage, NoteMessage, StatsPanel, UserMessage
 from tui.widgets.prompt import ChatInput
 from tui.widgets.stats_panel import TurnView, fmt_k
@@ -82,6 +83,8 @@ class ChatSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = config.DEFAULT_MAX_TOKENS
     system: str | None = None
+    #: the fewest seconds between two draws of a streaming answer and its stats (tui.throttle)
+    frame: float = 0.25
 
 
 # ---- messages from the worker threads ----------------------------------------------------------
@@ -196,6 +199,7 @@ class ChatApp(App[None]):
         self.turn: Turn | None = None
         self.turn_count = 0
         self.last_view: TurnView | None = None
+        self._draw_turn = Throttle(self, self.settings.frame, self._show_turn)
         self.load_stage = "Loading models…"
         self.load_error: str | None = None
         self._load_started = time.monotonic()
@@ -405,12 +409,18 @@ class ChatApp(App[None]):
         turn.rounds_seen, turn.accepted_seen = stats.rounds, stats.accepted
         turn.view.stats = stats
         turn.view.now = turn.rate.rate
-        self.panel.show(turn=turn.view)
+        self._draw_turn()
+
+    def _show_turn(self) -> None:
+        if self.turn is not None:
+            self.turn.widget.draw()
+            self.panel.show(turn=self.turn.view)
 
     def on_turn_ended(self, message: TurnEnded) -> None:
         turn, reason = message.turn, message.reason
         if turn is not self.turn:
             return
+        self._draw_turn.cancel()  # (what follows draws the turn's end)
         self.turn = None
         view = turn.view
         if reason in ("overflow", "error"):

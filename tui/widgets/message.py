@@ -79,8 +79,9 @@ class AssistantMessage(Vertical):
         return sum(1 for _, drafted in self.pieces if drafted)
 
     def append(self, tokens: Iterable, text: str) -> None:
-        """Add one chunk: its tokens (``TokenInfo``) and its confirmed text. Text not covered by
-        a token (a UTF-8 tail flushed at the end) is shown as target text."""
+        """Add one chunk: its tokens (``TokenInfo``) and its confirmed text (shown by the next
+        :meth:`draw`). Text not covered by a token (a UTF-8 tail flushed at the end) is shown
+        as target text."""
         covered = []
         for info in tokens:
             covered.append(info.text)
@@ -89,6 +90,9 @@ class AssistantMessage(Vertical):
         rest = text[len("".join(covered)):] if text.startswith("".join(covered)) else ""
         if rest:
             self.pieces.append((rest, False))
+
+    def draw(self) -> None:
+        """Show the text appended so far (the chat draws a streaming answer at its own pace)."""
         self._render_body()
 
     def finish(self, meta: str) -> None:
