@@ -16,10 +16,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from .. import config
-from ..core.costs import CallCosts
+from ..core.costs import CallCosts, Clock
 from ..core.policy import DEFAULT_CONFIG, CostEstimate, Policy, PolicyConfig
 from ..core.rejection import Source
 from ..core.sampling import SamplingParams, make_rng
@@ -319,7 +319,7 @@ class Engine:
         max_ngram: int = config.DEFAULT_MAX_NGRAM,
         min_ngram: int = config.DEFAULT_MIN_NGRAM,
         draft_window: int = config.DRAFT_WINDOW,
-        clock: Callable[[], float] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         keep_freed_memory()  # (row-sized temporaries every token: no page faults for them)
         self.target = target
@@ -343,7 +343,7 @@ class Engine:
         self._owner: int | None = None  #: the thread generating (holding _lock), if any
         #: what times calibration and generation (tests pass a simulated clock that their fake
         #: models advance; the virtual GPU its own)
-        self.clock: Callable[[], float] = clock or time.perf_counter
+        self.clock: Clock = clock or time.perf_counter
 
     # ---- construction ----------------------------------------------------------------------
 
