@@ -27,6 +27,10 @@ DEFAULT_TEMPERATURE = 0.0
 DEFAULT_TOP_K = 0
 DEFAULT_TOP_P = 1.0
 DEFAULT_MIN_P = 0.0
+#: the tokens repeat, presence and frequency penalties look back over (llama.cpp's default)
+DEFAULT_PENALTY_LAST_N = 64
+#: most alternatives ``top_logprobs`` may ask for (OpenAI's limit)
+MAX_TOP_LOGPROBS = 20
 
 #: Widest --fixed-width: a round of the longest draft fits one call (llama.cpp's backend sampler
 #: picks from at most MAX_SAMPLED_ROWS rows per call).

@@ -893,7 +893,62 @@ static PyObject *head(PyObject *self, PyObject *args) {
     return Py_BuildValue("nddd", count, heads, rest, exact);
 }
 
+/* byte_lanes[b][j]: all ones where bit j of b is set (masked's lanes, made on first use) */
+static uint32_t byte_lanes[256][8];
+static int byte_lanes_made = 0;
+
+static void make_byte_lanes(void) {
+    for (int b = 0; b < 256; b++)
+        for (int j = 0; j < 8; j++) byte_lanes[b][j] = (b >> j) & 1 ? 0xffffffffu : 0u;
+    byte_lanes_made = 1;
+}
+
+static PyObject *masked(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *bo, *oo;
+    if (!PyArg_ParseTuple(args, "OOO", &xo, &bo, &oo)) return NULL;
+    Py_buffer b[3];
+    const want asked[3] = {F32(xo, 0, "x"), {bo, 0, 4, "iI", "bits: an int32 array"},
+                           F32(oo, 1, "out")};
+    if (!take(b, asked, 3)) return NULL;
+    if (!byte_lanes_made) make_byte_lanes();
+    Py_buffer x = b[0], bits = b[1], out = b[2];
+    Py_ssize_t n = out.len / (Py_ssize_t)sizeof(float);
+    Py_ssize_t nx = x.len / (Py_ssize_t)sizeof(float), nw = bits.len / 4, count = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const float *xs = x.buf;
+    const uint32_t *ws = bits.buf;
+    float *os = out.buf;
+    Py_ssize_t m = n < nx ? n : nx, full = m >> 5;
+    if (full > nw) full = nw;
+    for (Py_ssize_t w = 0; w < full; w++) {  /* whole words: a branch-free select */
+        uint32_t word = ws[w];
+        const float *xw = xs + (w << 5);
+        float *ow = os + (w << 5);
+        count += __builtin_popcount(word);
+        uint32_t *ou = (uint32_t *)ow;
+        const uint32_t *xu = (const uint32_t *)xw;
+        for (int byte = 0; byte < 4; byte++) {  /* 8 lanes' masks from a table: no branch */
+            const uint32_t *keep = byte_lanes[(word >> (8 * byte)) & 0xffu];
+            for (int j = 0; j < 8; j++)  /* 0xff800000: -inf */
+                ou[8 * byte + j] = (xu[8 * byte + j] & keep[j]) | (0xff800000u & ~keep[j]);
+        }
+    }
+    for (Py_ssize_t i = full << 5; i < n; i++) {
+        Py_ssize_t w = i >> 5;
+        int on = i < nx && w < nw && ((ws[w] >> (i & 31)) & 1u);
+        os[i] = on ? xs[i] : -INFINITY;
+        count += on;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 3);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
+    {"masked", masked, METH_VARARGS,
+     "masked(x, bits, out) -> int: out[i] = x[i] where bit i of the int32 words bits is set "
+     "(and i < len(x)), else -inf, for every i < len(out); the count of tokens kept"},
     {"scaled_exp", scaled_exp, METH_VARARGS,
      "scaled_exp(x, out, top, inv_t, blocks=None, precise=False) -> float: "
      "out = exp((x - top) * inv_t), their sum (and each block of 256's into blocks); "

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._native import exp_kernel
-from ..config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from ..config import (DEFAULT_MIN_P, DEFAULT_PENALTY_LAST_N, DEFAULT_TEMPERATURE, DEFAULT_TOP_K,
+                      DEFAULT_TOP_P)
 from ..errors import ConfigError, LogitsError
 from .dist import (BLOCK, AnyDist, Dense, OneHot, Pending, Sparse, Truncated,  # noqa: F401
                    block_sums, sample)  # (sample: API)
@@ -43,6 +44,13 @@ class SamplingParams:
 
     ``top_k=0``, ``top_p=1.0`` and ``min_p=0.0`` disable those filters. ``seed`` makes a run
     reproducible (the same seed and settings give the same text); ``None`` draws fresh entropy.
+
+    The logits are first shaped per position (:mod:`edgespec.core.penalties`, llama.cpp's
+    order and meaning): ``logit_bias`` (token id -> added logit, OpenAI's -100..100),
+    ``repeat_penalty`` (llama.cpp's: a positive logit divided by it, a negative one
+    multiplied; 1 = off), ``frequency_penalty`` and ``presence_penalty`` (OpenAI's, -2..2: minus
+    the count, and minus once, of each token among the last ``penalty_last_n`` tokens of the
+    context; -1 = the whole context, 0 = none).
     """
 
     temperature: float = DEFAULT_TEMPERATURE
@@ -50,8 +58,15 @@ class SamplingParams:
     top_p: float = DEFAULT_TOP_P
     min_p: float = DEFAULT_MIN_P
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = DEFAULT_PENALTY_LAST_N
+    #: (token id, bias) pairs, sorted by id (a dict is accepted and converted)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        _check_shaping(self)
         t = self.temperature
         if not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
@@ -70,6 +85,53 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when sampling is the arg-max (temperature 0)."""
         return self.temperature == 0
+
+    @property
+    def shaped(self) -> bool:
+        """True when rows are shaped before processing (a bias or a penalty is on)."""
+        return bool(self.logit_bias) or (self.penalty_last_n != 0 and (
+            self.presence_penalty != 0 or self.frequency_penalty != 0
+            or self.repeat_penalty != 1))
+
+
+def _number(value, name: str, lo: float, hi: float, what: str) -> None:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or not lo <= value <= hi):
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+
+def _check_shaping(params: "SamplingParams") -> None:
+    """SamplingParams' shaping fields checked, ``logit_bias`` made a sorted tuple."""
+    _number(params.presence_penalty, "presence_penalty", -2, 2, "in [-2, 2] (0 = off)")
+    _number(params.frequency_penalty, "frequency_penalty", -2, 2, "in [-2, 2] (0 = off)")
+    r = params.repeat_penalty
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf:
+        raise ConfigError(f"repeat_penalty must be a number > 0 (1 = off), got {r!r}")
+    n = params.penalty_last_n
+    if isinstance(n, bool) or not isinstance(n, int) or n < -1:
+        raise ConfigError(f"penalty_last_n must be an integer >= -1 (-1 = the whole context, "
+                          f"0 = off), got {n!r}")
+    bias = params.logit_bias
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = sorted((_token_id(t), float(b)) for t, b in items)
+    except (TypeError, ValueError):
+        raise ConfigError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+    for t, b in pairs:
+        _number(b, f"logit_bias[{t}]", -100, 100, "in [-100, 100]")
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise ConfigError("logit_bias names a token twice")
+    object.__setattr__(params, "logit_bias", tuple(pairs))
+
+
+def _token_id(token) -> int:
+    """A token id from an int or a decimal string (JSON objects' keys are strings)."""
+    if isinstance(token, bool):
+        raise ValueError(token)
+    value = int(token)
+    if value < 0 or (isinstance(token, str) and not token.strip().isdigit()):
+        raise ValueError(token)
+    return value
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

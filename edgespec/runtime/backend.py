@@ -921,6 +921,17 @@ class LlamaBackend:
             eog = self._eog_cache[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
         return eog
 
+    @functools.cached_property
+    def constraint_tokenizer(self):
+        """The vocabulary as llguidance's tokenizer (:mod:`edgespec.runtime.constraint`), made
+        on first use (~1 s for 152k tokens) and kept; every end-of-generation token ends a
+        constrained text."""
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        eog = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
+        return lltokenizer_from_vocab(self._vocab, n_vocab=self.n_vocab,
+                                      eos_token=eog or self.eos)
+
     @property
     def vocab_type(self) -> int:
         return int(llama_cpp.llama_vocab_type(self._vocab))
