@@ -948,8 +948,11 @@ class LlamaBackend:
         """GGUF key/value metadata (string values)."""
         return self._model.metadata()
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages with the model's own template (GGUF ``tokenizer.chat_template``)."""
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render chat messages with the model's own template (GGUF ``tokenizer.chat_template``),
+        which is given ``tools`` (OpenAI function tools) where there are some."""
+        if tools:
+            return self._chat_formatter(messages=messages, tools=tools).prompt
         return self._chat_formatter(messages=messages).prompt
 
     @functools.cached_property

@@ -220,10 +220,15 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model: DraftModel, n_vocab: int, window: int = DRAFT_WINDOW):
+    def __init__(self, model: DraftModel, n_vocab: int, window: int = DRAFT_WINDOW, guide=None):
         self.model = model
         self.n_vocab = n_vocab
         self.window = window
+        #: the generation's :class:`~edgespec.runtime.guide.Guide`, if its rows are shaped or
+        #: constrained: the draft's rows then get the same bias, penalties and mask (a draft
+        #: the constraint refuses would only be cut; one that ignores the penalties would be
+        #: rejected more often)
+        self.guide = guide if guide is not None and (guide.shaped or guide.constrained) else None
         self._cache = Follower(model)
         self._caps = capabilities(model)  #: (its device window is read anew: it may turn off)
         self._context: list[int] | None = None  #: the text the last proposal was for
@@ -248,7 +253,9 @@ class ModelDrafter:
             self._context, self._singles = context, 0
         self._steady_n = 0
         self._steady_s = 0.0
-        if params.greedy and self._caps.argmax:
+        if self.guide is not None:
+            draft = self._propose_guided(context[n_cached:], k, params, rng, draft)
+        elif params.greedy and self._caps.argmax:
             draft = self._propose_greedy(context[n_cached:], k, draft)
         elif not params.greedy and self.window and capabilities(self.model).device_window:
             draft = self._propose_on_device(context[n_cached:], k, params, rng, draft)
@@ -309,6 +316,31 @@ class ModelDrafter:
                 x = q.sample(rng)
             draft.tokens.append(x)
             draft.q.append(q)
+            if i + 1 < k:
+                logits = self.model.decode([x], 1)[0]
+                self._stepped()
+        return draft
+
+    def _propose_guided(self, feed: Sequence[int], k: int, params: SamplingParams,
+                        rng: np.random.Generator, draft: Draft) -> Draft:
+        """Drafts from whole rows on the host, each shaped by the guide for the position
+        after the drafts before it; stops before an end-of-generation token."""
+        guide = self.guide
+        window = self.window
+
+        def make(row, p, n):
+            return draft_distribution(row, p, n, window)
+
+        logits = self._catch_up(self.model.decode, feed)[0]
+        for i in range(k):
+            if logits.size > self.n_vocab:  # padding rows past the target's vocabulary
+                logits = logits[: self.n_vocab]
+            q = guide.distribution(make, logits, draft.tokens, self.n_vocab)
+            x = q.sample(rng)  # (a one-hot consumes no randomness)
+            if guide.is_eog(x):
+                break
+            draft.tokens.append(x)
+            draft.q.append(None if params.greedy else q)
             if i + 1 < k:
                 logits = self.model.decode([x], 1)[0]
                 self._stepped()
@@ -468,11 +500,13 @@ def make_drafter(
     min_ngram: int = DEFAULT_MIN_NGRAM,
     policy=None,
     draft_window: int = DRAFT_WINDOW,
+    guide=None,
 ) -> Drafter:
     """Build a drafter by name; ``model`` and ``hybrid`` need a loaded draft model, ``auto``
     a :class:`edgespec.core.policy.Policy` (it uses the draft model when there is one).
     ``draft_window``: the draft model's sampled proposals come from its this many most likely
-    tokens (0: the whole row; see :class:`ModelDrafter`)."""
+    tokens (0: the whole row; see :class:`ModelDrafter`). ``guide``: the generation's shaping,
+    which the draft model's rows get too."""
     if check_drafter_name(name) == "none":
         return NoDrafter()
     lookup = LookupDrafter(max_ngram, min_ngram)
@@ -481,10 +515,10 @@ def make_drafter(
     if name == "auto":
         if policy is None:
             raise ConfigError("drafter 'auto' needs a cost policy")
-        model = (ModelDrafter(draft_model, n_vocab, draft_window)
+        model = (ModelDrafter(draft_model, n_vocab, draft_window, guide)
                  if draft_model is not None else None)
         return AutoDrafter(policy, lookup, model)
     if draft_model is None:
         raise ConfigError(f"drafter {name!r} needs a draft model (--draft)")
-    model = ModelDrafter(draft_model, n_vocab, draft_window)
+    model = ModelDrafter(draft_model, n_vocab, draft_window, guide)
     return model if name == "model" else HybridDrafter(lookup, model)

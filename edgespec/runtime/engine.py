@@ -29,7 +29,9 @@ from ..errors import ConfigError, ContextOverflowError, EdgespecError, Incompati
 from .allocator import keep_freed_memory
 from .calibration import measure_call_costs, measure_draft_cost, warm_widths
 from .capabilities import capabilities
+from .constraint import Constraint, Matcher
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
+from .guide import Guide
 from .loop import prefill, rounds
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
@@ -59,11 +61,15 @@ class EngineBusyError(EdgespecError):
 
 @dataclass(frozen=True)
 class TokenInfo:
-    """One emitted token: its id, the text it completed, and where it came from."""
+    """One emitted token: its id, the text it completed, and where it came from; with
+    ``logprobs`` asked, its log-probability under the target's raw logits and the ``top``
+    most likely tokens' (id, log-probability), most likely first."""
 
     id: int
     text: str
     source: Source
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -86,14 +92,20 @@ class Completion:
     finish_reason: str
     tokens: list[TokenInfo] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
+    #: with ``tools``: the calls the model made (OpenAI's shape), and the text outside them
+    tool_calls: list[dict] = field(default_factory=list)
+    content: str | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "finish_reason": self.finish_reason,
             "tokens": len(self.tokens),
             "stats": self.stats.to_dict(),
         }
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
 
 
 class Collector:
@@ -135,6 +147,29 @@ def _same_file(target, draft) -> bool:
     """Whether two backends load the same model file (fakes without a ``path``: no)."""
     a, b = getattr(target, "path", None), getattr(draft, "path", None)
     return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def validate_logprobs(n: int | None) -> int | None:
+    """``None`` (off) or the number of alternatives per token, 0 .. MAX_TOP_LOGPROBS."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= config.MAX_TOP_LOGPROBS:
+        raise ConfigError(f"logprobs must be an integer in [0, {config.MAX_TOP_LOGPROBS}] "
+                          f"(alternatives per token), got {n!r}")
+    return n
+
+
+def make_constraint(constraint: Constraint | None = None, json_schema: dict | str | None = None,
+                    json_object: bool = False, grammar: str | None = None) -> Constraint | None:
+    """The one constraint a generation asked for, or None; a ConfigError if it asked for
+    more than one."""
+    given = [c for c in (constraint,
+                         Constraint.json_schema(json_schema) if json_schema is not None else None,
+                         Constraint.json_object() if json_object else None,
+                         Constraint.grammar(grammar) if grammar is not None else None) if c]
+    if len(given) > 1:
+        raise ConfigError("give one constraint: a JSON schema, JSON object mode or a grammar")
+    return given[0] if given else None
 
 
 def check_prompt(prompt: Prompt) -> None:
@@ -536,9 +571,11 @@ class Engine:
 
     # ---- prompts ---------------------------------------------------------------------------
 
-    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, system: str | None = None) -> list[int]:
+    def prompt_tokens(self, prompt: Prompt, *, chat: bool = True, system: str | None = None,
+                      tools: list[dict] | None = None) -> list[int]:
         """Tokenize a prompt. ``chat=True`` wraps a string as one user message and applies the
-        model's chat template; a list of ``{"role", "content"}`` messages is always templated."""
+        model's chat template; a list of ``{"role", "content"}`` messages is always templated
+        (with ``tools``, the template is given them)."""
         check_prompt(prompt)
         if isinstance(prompt, str):
             if not chat:
@@ -548,7 +585,8 @@ class Engine:
                 messages.insert(0, {"role": "system", "content": system})
         else:
             messages = list(prompt)
-        text = self.target.chat_prompt(messages)
+        text = (self.target.chat_prompt(messages, tools=tools) if tools
+                else self.target.chat_prompt(messages))
         return self.target.tokenize(text, add_special=True, parse_special=True)
 
     # ---- generation ------------------------------------------------------------------------
@@ -564,8 +602,25 @@ class Engine:
         draft_length: int | None = None,
         chat: bool = True,
         system: str | None = None,
+        constraint: Constraint | None = None,
+        json_schema: dict | str | None = None,
+        json_object: bool = False,
+        grammar: str | None = None,
+        logprobs: int | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
     ) -> Iterator[Chunk]:
         """Generate, yielding confirmed text as each verification round ends.
+
+        Constrained output: ``json_schema`` (a dict or JSON text), ``json_object`` (any JSON
+        object), ``grammar`` (GBNF, llama.cpp's format) or a ready ``constraint``
+        (:class:`~edgespec.runtime.constraint.Constraint`); one at most. The text then matches
+        it (unless ``max_tokens`` or a stop string ends it first), and is still exactly what
+        the target samples under it, every drafter alike. ``tools`` (OpenAI function tools) are
+        given to the chat template, and ``tool_choice`` (``"auto"``, ``"none"``,
+        ``"required"`` or ``{"type": "function", "function": {"name": ...}}``) constrains the
+        answer to a call where it requires one; :meth:`complete` parses the calls.
+        ``logprobs``: each token's log-probability (``0``) and its top alternatives (``n``).
 
         Each chunk carries its tokens with their provenance and the live :class:`Stats`.
         Closing the generator early (``break``, ``.close()``, Ctrl-C) leaves the engine ready
@@ -580,16 +635,41 @@ class Engine:
         sampling = sampling or SamplingParams()
         if isinstance(stop, str):
             stop = [stop]
+        logprobs = validate_logprobs(logprobs)
+        constraint = make_constraint(constraint, json_schema, json_object, grammar)
+        family = None
+        if tools is not None or tool_choice is not None:
+            from . import tools as tooling
+
+            tooling.check_tools(tools, tool_choice)
+            family = tooling.tool_family(self.target.metadata().get("tokenizer.chat_template", ""))
+            called = tooling.tool_constraint(tools, tool_choice, family)
+            if called is not None:
+                if constraint is not None:
+                    raise ConfigError("a tool_choice that requires a call cannot be combined "
+                                      "with another constraint")
+                constraint = called
+            if tool_choice == "none":
+                tools = None
+        n_vocab = self.target.n_vocab
+        for token, _ in sampling.logit_bias:
+            if token >= n_vocab:
+                raise ConfigError(f"logit_bias names token {token}, past the vocabulary "
+                                  f"({n_vocab} tokens)")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         name = check_drafter_name(drafter or self.drafter_name)
         k = effective_draft_length(
             name, validate_draft_length(self.draft_length if draft_length is None else draft_length))
+        matcher = (Matcher(constraint, self.target.constraint_tokenizer, n_vocab)
+                   if constraint is not None else None)
+        guide = (Guide(sampling, matcher, logprobs=logprobs, is_eog=self.target.is_eog)
+                 if matcher is not None or sampling.shaped or logprobs is not None else None)
         policy = self._policy() if name == "auto" else None
-        drafter_obj = make_drafter(name, self.draft, self.target.n_vocab, policy=policy,
+        drafter_obj = make_drafter(name, self.draft, n_vocab, policy=policy,
                                    max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                   draft_window=self.draft_window)
-        tokens = self.prompt_tokens(prompt, chat=chat, system=system)
+                                   draft_window=self.draft_window, guide=guide)
+        tokens = self.prompt_tokens(prompt, chat=chat, system=system, tools=tools)
         if len(tokens) >= self.target.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(tokens)} tokens but the context holds {self.target.n_ctx}: "
@@ -598,16 +678,27 @@ class Engine:
         with self._exclusive():
             if name != "auto":  # (auto's widths, up to its longest draft, warm in calibrate)
                 self._warm(1 if name == "none" else k + 1, draft=name in ("model", "hybrid"))
-            yield from self._generate(tokens, drafter_obj, k, sampling, max_tokens, stop)
+            yield from self._generate(tokens, drafter_obj, k, sampling, max_tokens, stop, guide)
 
     def complete(self, prompt: Prompt, **kwargs) -> Completion:
-        """Generate the whole completion (same arguments as :meth:`stream`)."""
+        """Generate the whole completion (same arguments as :meth:`stream`). With ``tools``,
+        the calls the model made are parsed into :attr:`Completion.tool_calls` (OpenAI's
+        shape; ``finish_reason`` ``"tool_calls"``) and the text outside them is
+        :attr:`Completion.content`."""
         collected = Collector()
         chunk = None
         for chunk in self.stream(prompt, **kwargs):
             collected.add(chunk)
         assert chunk is not None and chunk.finish_reason is not None
-        return collected.completion(chunk.finish_reason)
+        done = collected.completion(chunk.finish_reason)
+        if kwargs.get("tools") and kwargs.get("tool_choice") != "none":
+            from . import tools as tooling
+
+            family = tooling.tool_family(self.target.metadata().get("tokenizer.chat_template", ""))
+            done.content, done.tool_calls = tooling.parse_tool_calls(done.text, family)
+            if done.tool_calls:
+                done.finish_reason = "tool_calls"
+        return done
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -620,7 +711,7 @@ class Engine:
             self._owner = None
             self._lock.release()
 
-    def _generate(self, prompt, drafter, k, sampling, max_tokens, stop) -> Iterator[Chunk]:
+    def _generate(self, prompt, drafter, k, sampling, max_tokens, stop, guide) -> Iterator[Chunk]:
         target = self.target
         clock = self.clock
         stats = Stats(prompt_tokens=len(prompt))
@@ -635,16 +726,20 @@ class Engine:
         rng = make_rng(sampling.seed)
         finish = None
         costs = self.costs.calibrated if self.costs is not None else None
-        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens, costs, clock)
+        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens, costs, clock,
+                        guide)
         try:
             for rnd in played:
                 infos: list[TokenInfo] = []
-                for tok, src in zip(rnd.tokens, rnd.sources):
+                lps = rnd.logprobs
+                for j, (tok, src) in enumerate(zip(rnd.tokens, rnd.sources)):
                     if target.is_eog(tok):
                         finish, stats.eog = "stop", True
                         break
                     stats.generated += 1
-                    infos.append(TokenInfo(tok, text.push(target.token_bytes(tok)), src))
+                    piece = text.push(target.token_bytes(tok))
+                    infos.append(TokenInfo(tok, piece, src) if lps is None
+                                 else TokenInfo(tok, piece, src, lps[j][0], lps[j][1]))
                     if text.stopped:
                         finish = "stop"
                         break
@@ -656,7 +751,9 @@ class Engine:
                 if finish:
                     tail = text.flush()
                     if tail and infos:
-                        infos[-1] = TokenInfo(infos[-1].id, infos[-1].text + tail, infos[-1].source)
+                        last = infos[-1]
+                        infos[-1] = TokenInfo(last.id, last.text + tail, last.source, last.logprob,
+                                              last.top_logprobs)
                         tail = ""
                     yield Chunk("".join(i.text for i in infos) + tail, infos, stats, finish)
                     return

@@ -26,6 +26,7 @@ from ..core.stats import Stats
 from .cache import Follower
 from .capabilities import capabilities
 from .drafters import Draft, Drafter, Outcome
+from .guide import Guide, log_probs
 
 
 class Target(Protocol):
@@ -63,6 +64,8 @@ class Round:
     drafter: str
     drafted: int
     accepted: int
+    #: per token, its log-probability and top alternatives (when the guide asks for them)
+    logprobs: list | None = None
 
 
 class _ProcessedRows:
@@ -70,11 +73,15 @@ class _ProcessedRows:
 
     A row that scores a draft is made :func:`~edgespec.core.sampling.pending_distribution`
     (the test usually decides from bounds, with no pass of ``exp`` over it); the last row is
-    always sampled (the bonus token, or the plain step's token) and is processed at once."""
+    always sampled (the bonus token, or the plain step's token) and is processed at once.
+    With a guide, row i is shaped for the position after the round's first i drafts."""
 
-    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+    def __init__(self, logits: np.ndarray, params: SamplingParams, guide: Guide | None = None,
+                 tokens: Sequence[int] = ()) -> None:
         self._logits = logits
         self._params = params
+        self._guide = guide
+        self._tokens = tokens
         self._rows: dict[int, AnyDist] = {}
 
     def __len__(self) -> int:
@@ -84,7 +91,11 @@ class _ProcessedRows:
         row = self._rows.get(i)
         if row is None:
             make = distribution if i == len(self) - 1 else pending_distribution
-            row = self._rows[i] = make(self._logits[i], self._params)
+            if self._guide is None:
+                row = self._rows[i] = make(self._logits[i], self._params)
+            else:
+                row = self._rows[i] = self._guide.distribution(make, self._logits[i],
+                                                               self._tokens[:i])
         return row
 
 
@@ -107,6 +118,7 @@ def rounds(
     max_new_tokens: int | None = None,
     costs: CallCosts | None = None,
     clock: Clock | None = None,
+    guide: Guide | None = None,
 ) -> Iterator[Round]:
     """Yield verification rounds until the context is full (the caller stops on anything else).
 
@@ -133,19 +145,30 @@ def rounds(
     could pay). That step is then launched as soon as this one is committed, and the
     drafter's work on it (observing this round, its proposal, its choice) runs while the
     device computes: a GPU's plain steps under ``auto`` then cost what ``none``'s do.
+
+    ``guide`` (:class:`~edgespec.runtime.guide.Guide`): bias, penalties, a constraint, or
+    log-probabilities. Its rows are shaped per position, so the target's picks are not used.
+    With a constraint, every proposal is cut to what the constraint allows before it is
+    scored, and where the constraint forces tokens (and the drafter is not ``none``) those
+    are the round's draft, source ``forced``: the drafter is not asked, nor told (``auto``
+    learns from its own rounds only).
     """
     committed = list(prompt)
     cache = Follower(target)
     emitted = 0
     caps = capabilities(target)
-    picks = target.decode_argmax if params.greedy and caps.argmax else None
+    picks = target.decode_argmax if params.greedy and caps.argmax and guide is None else None
+    constrained = guide is not None and guide.constrained
+    if guide is not None:
+        guide.committed = committed
+    forcing = constrained and getattr(drafter, "name", "") != "none"
     ahead = caps.asynchronous
     start = target.start_decode if ahead else None
     finish = target.finish_decode if ahead else None
     is_eog = getattr(target, "is_eog", None)
     as_picks = picks is not None
     observe = getattr(drafter, "observe", None)
-    plain_next = getattr(drafter, "plain_next", None) if ahead else None
+    plain_next = getattr(drafter, "plain_next", None) if ahead and not constrained else None
     draft_source, target_source = Source.DRAFT, Source.TARGET
     n_ctx = target.n_ctx
     clock = clock or time.perf_counter
@@ -162,10 +185,18 @@ def rounds(
         if max_new_tokens is not None:
             k = min(k, max(max_new_tokens - emitted - 1, 0))
         t0 = clock()
-        draft = drafter.propose(committed, k, params, rng) if k > 0 else None
+        draft = None
+        if forcing and k > 0:
+            forced = guide.forced()[:k]
+            if forced:
+                draft = Draft(forced, [None] * len(forced), "forced")
+        if draft is None:
+            draft = drafter.propose(committed, k, params, rng) if k > 0 else None
         if launched is not None:
             return Plan(draft, [], [], 0.0, launched, bool(plain_next(draft_length)))
         tokens = draft.tokens[:k] if draft else []
+        if guide is not None and tokens:
+            tokens = tokens[:guide.valid(tokens)]
         q = draft.q[: len(tokens)] if draft else []
         t1 = clock()
         cache.sync(committed, len(committed) - 1)
@@ -200,13 +231,19 @@ def rounds(
             else:
                 logits = finish() if ahead else target.decode([committed[-1], *tokens], len(tokens) + 1)
                 t3 = clock()
-                verdict = verify(tokens, q, _ProcessedRows(logits, params), rng)
+                verdict = verify(tokens, q, _ProcessedRows(logits, params, guide, tokens), rng)
                 accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
             t4 = clock()
             t_target += t3 - t2
             meter.add(len(tokens) + 1, t_target)
 
             new = tokens[:accepted] + [token]
+            logprobs = None
+            if guide is not None:
+                if guide.logprobs is not None:
+                    logprobs = [log_probs(logits[j], new[j], guide.logprobs)
+                                for j in range(len(new))]
+                guide.commit(new)
             committed.extend(new)
             emitted += len(new)
             failure = None
@@ -221,7 +258,7 @@ def rounds(
                     launched = launch_plain()
                 except Exception as err:
                     failure, goes_on = err, False
-            if observe is not None:
+            if observe is not None and not (draft is not None and draft.source == "forced"):
                 observe(Outcome(draft, len(tokens), accepted, new, t_draft, t_target))
             if goes_on:
                 if launched is not None:  # (finished on close even if proposing fails)
@@ -234,7 +271,7 @@ def rounds(
             name = draft.source if draft and tokens else "none"
             sources = [draft_source] * accepted + [source]
             stats.record_round(name, len(tokens), accepted, t_draft, t_target, t4 - t3)
-            yield Round(new, sources, name, len(tokens), accepted)
+            yield Round(new, sources, name, len(tokens), accepted, logprobs)
             if failure is not None:
                 raise failure
     finally:
