@@ -345,3 +345,81 @@ def pair(n_vocab: int = 8, *, seed: int = 1, draft: str = "perturbed", scale: fl
     else:
         raise ValueError(draft)
     return FakeLM(t, n_ctx=n_ctx), FakeLM(d, n_ctx=draft_n_ctx or n_ctx)
+
+
+class FakeMatcher:
+    """A stand-in for :class:`edgespec.runtime.constraint.Matcher` over a fake's vocabulary:
+    a "grammar" whose allowed tokens are a deterministic function of every token consumed.
+    After a quarter of the prefixes exactly one token is allowed (so runs of forced tokens
+    occur), after the others a hashed subset of about half the vocabulary (never empty).
+    :meth:`allows` answers for any prefix, for tests to check a text against it."""
+
+    def __init__(self, n_vocab: int, seed: int = 0) -> None:
+        self.n_vocab = n_vocab
+        self.seed = seed
+        self.consumed: list[int] = []
+        self.log: list[tuple[str, int]] = []  #: ("push" | "pop", count)
+
+    def allowed_after(self, prefix: Sequence[int]) -> np.ndarray:
+        h = hashlib.blake2b(np.asarray(prefix, dtype=np.int64).tobytes(), digest_size=8,
+                            salt=self.seed.to_bytes(8, "little")).digest()
+        value = int.from_bytes(h, "little")
+        out = np.zeros(self.n_vocab, bool)
+        if value % 4 == 0:
+            out[(value >> 8) % self.n_vocab] = True
+        else:
+            bits = value >> 2
+            for t in range(self.n_vocab):
+                out[t] = (bits >> t) & 1
+            if not out.any():
+                out[value % self.n_vocab] = True
+        return out
+
+    def allows(self, prefix: Sequence[int], token: int) -> bool:
+        return bool(self.allowed_after(prefix)[token])
+
+    def push(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            if not self.allows(self.consumed, t):
+                raise RuntimeError(f"token {t} not allowed after {self.consumed}")
+            self.consumed.append(t)
+        self.log.append(("push", len(tokens)))
+
+    def pop(self, n: int) -> None:
+        del self.consumed[len(self.consumed) - n:]
+        self.log.append(("pop", n))
+
+    def valid(self, tokens: Sequence[int]) -> int:
+        return self.valid_after(self.consumed, tokens)
+
+    def valid_after(self, prefix: Sequence[int], tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the grammar allows after ``prefix``, from the first."""
+        prefix = list(prefix)
+        for i, t in enumerate(tokens):
+            if not self.allows(prefix, t):
+                return i
+            prefix.append(t)
+        return len(tokens)
+
+    def forced(self) -> list[int]:
+        prefix, out = list(self.consumed), []
+        while len(out) < 6:
+            allowed = np.flatnonzero(self.allowed_after(prefix))
+            if allowed.size != 1:
+                break
+            out.append(int(allowed[0]))
+            prefix.append(out[-1])
+        return out
+
+    def only(self) -> int | None:
+        allowed = np.flatnonzero(self.allowed_after(self.consumed))
+        return int(allowed[0]) if allowed.size == 1 else None
+
+    def apply(self, row: np.ndarray) -> np.ndarray:
+        out = np.array(row, dtype=np.float32, copy=True)
+        out[~self.allowed_after(self.consumed)[: out.size]] = -np.inf
+        return out
+
+    @property
+    def stopped(self) -> bool:
+        return False
