@@ -926,11 +926,28 @@ class LlamaBackend:
         """The vocabulary as llguidance's tokenizer (:mod:`edgespec.runtime.constraint`), made
         on first use (~1 s for 152k tokens) and kept; every end-of-generation token ends a
         constrained text."""
-        from llguidance.llamacpp import lltokenizer_from_vocab
+        from llguidance import LLTokenizer
 
-        eog = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)]
-        return lltokenizer_from_vocab(self._vocab, n_vocab=self.n_vocab,
-                                      eos_token=eog or self.eos)
+        # (llguidance.llamacpp.lltokenizer_from_vocab, less a deprecated call per token)
+        vocab = self._vocab
+        control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        user = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        buf = ctypes.create_string_buffer(16 * 1024 + 1)
+        pieces, eog = [], []
+        for token in range(self.n_vocab):
+            n = llama_cpp.llama_token_to_piece(vocab, token, buf, 16 * 1024, 0, True)
+            piece = bytes(buf[:max(n, 0)])
+            attr = llama_cpp.llama_vocab_get_attr(vocab, token)
+            # control tokens (and user-defined ones that look like them) are special to
+            # llguidance: marked with a leading 0xff
+            if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
+                piece = b"\xff" + piece
+            pieces.append(piece)
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                eog.append(token)
+        tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab, tokenize_fptr=tokenize,
+                                         eos_token=eog or self.eos, slices=None)
 
     @property
     def vocab_type(self) -> int:
