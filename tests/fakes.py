@@ -423,3 +423,49 @@ class FakeMatcher:
     @property
     def stopped(self) -> bool:
         return False
+
+
+#: a chat template with Qwen's tool-call format (what :func:`edgespec.runtime.tools.tool_family`
+#: reads as ``hermes``)
+HERMES_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                   "{% if tools %}<tools>{{ tools | tojson }}</tools> Call with <tool_call>\n"
+                   "{\"name\": ..., \"arguments\": ...}\n</tool_call>{% endif %}")
+
+
+class ScriptedEngine:
+    """An engine stand-in for the server's tests: every ``stream`` yields ``pieces``, one chunk
+    and one token each (the last with ``finish``), and records its prompt and arguments in
+    ``calls``. With ``logprobs`` asked, token ``i`` of the script has log-probability
+    ``-0.1 * (i + 1)`` and its alternatives are the next tokens of the script. The target
+    reports ``template`` as its chat template."""
+
+    def __init__(self, pieces: Sequence[str], *, finish: str = "stop",
+                 template: str = HERMES_TEMPLATE) -> None:
+        self.pieces = list(pieces)
+        self.finish = finish
+        self.calls: list[tuple[object, dict]] = []
+        vocab = [p.encode("utf-8") for p in dict.fromkeys(self.pieces)]
+        self._ids = {p: i for i, p in enumerate(dict.fromkeys(self.pieces))}
+        self.target = SimpleNamespace(
+            n_ctx=4096, n_vocab=len(vocab), token_bytes=vocab.__getitem__,
+            metadata=lambda: {"tokenizer.chat_template": template})
+        self.draft = None
+        self.drafter_name = "none"
+        self.draft_length = 0
+
+    def stream(self, prompt, **kwargs):
+        from edgespec.core.stats import Stats
+        from edgespec.runtime.engine import Chunk, TokenInfo
+
+        self.calls.append((prompt, kwargs))
+        logprobs = kwargs.get("logprobs")
+        stats = Stats(prompt_tokens=7)
+        ids = [self._ids[p] for p in self.pieces]
+        for i, piece in enumerate(self.pieces):
+            stats.generated += 1
+            token = TokenInfo(ids[i], piece, "target")
+            if logprobs is not None:
+                top = [(t, -0.1 * (j + 1)) for j, t in enumerate(ids[i:], start=i)][:logprobs]
+                token = TokenInfo(ids[i], piece, "target", -0.1 * (i + 1), tuple(top))
+            last = i == len(self.pieces) - 1
+            yield Chunk(piece, [token], stats, self.finish if last else None)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from edgespec.core.sampling import SamplingParams
+from edgespec.runtime.constraint import Constraint
 from edgespec.server.errors import APIError
 from edgespec.server.schemas import (
     ChatCompletionRequest,
@@ -104,11 +105,31 @@ def test_a_bad_message_names_its_index():
     ({"stop": ["ok", ""]}, "stop"),
     ({"drafter": "magic"}, "drafter"),
     ({"draft_length": 1000}, "draft_length"),
-    ({"n": 2}, "n"),
-    ({"logprobs": 3}, "logprobs"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
     ({"echo": True}, "echo"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ({"best_of": 2}, "best_of"),
+    ({"suffix": "end"}, "suffix"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"repeat_last_n": -2}, "repeat_last_n"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"five": 1}}, "logit_bias"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}}},
+     "response_format"),
+    ({"json_schema": {"type": "strange"}}, "json_schema"),
+    ({"grammar": "root ::= missing"}, "grammar"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": "   "}, "prompt"),
 ])
@@ -119,14 +140,138 @@ def test_invalid_or_unsupported_values_are_400_naming_the_field(body, param):
 
 
 def test_unsupported_options_at_their_neutral_values_are_accepted():
-    gen = completion(prompt="x", n=1, echo=False, frequency_penalty=0, presence_penalty=0.0,
-                     logit_bias={}, logprobs=None, response_format={"type": "text"})
-    assert gen.prompt == "x"
+    gen = completion(prompt="x", n=1, echo=False, best_of=1, suffix="", functions=[],
+                     response_format={"type": "text"})
+    assert gen.prompt == "x" and gen.n == 1 and "constraint" not in gen.kwargs
+
+
+def test_penalties_and_logit_bias_become_sampling_settings():
+    gen = completion(prompt="x", presence_penalty=0.5, frequency_penalty=-0.25, repeat_penalty=1.1,
+                     repeat_last_n=-1, logit_bias={"7": -100, "3": 2.5})
+    assert gen.kwargs["sampling"] == SamplingParams(
+        temperature=0.5, top_k=40, seed=9, presence_penalty=0.5, frequency_penalty=-0.25,
+        repeat_penalty=1.1, penalty_last_n=-1, logit_bias={3: 2.5, 7: -100})
+
+
+def test_bad_penalty_messages_use_the_request_names():
+    err = error_of(completion, prompt="x", repeat_last_n=-5)
+    assert err.param == "repeat_last_n" and err.message.startswith("repeat_last_n must be")
+    err = error_of(completion, prompt="x", logit_bias={"12": 300})
+    assert err.param == "logit_bias" and "logit_bias[12] must be in [-100, 100]" in err.message
+
+
+def test_n_choices_take_consecutive_seeds():
+    gen = completion(prompt="x", n=3, seed=10)
+    assert gen.n == 3 and [gen.choice_kwargs(i)["sampling"].seed for i in range(3)] == [10, 11, 12]
+    assert gen.choice_kwargs(2)["sampling"].temperature == 0.5
+    unseeded = to_generation(parse_body(CompletionRequest, b'{"prompt": "x", "n": 2}'), Defaults())
+    assert unseeded.choice_kwargs(1)["sampling"].seed is None
+
+
+def test_logprobs_of_completions_and_chat():
+    assert completion(prompt="x", logprobs=0).kwargs["logprobs"] == 0
+    assert completion(prompt="x", logprobs=5).logprobs == 5
+    assert "logprobs" not in completion(prompt="x").kwargs
+    assert chat(logprobs=True).kwargs["logprobs"] == 0
+    assert chat(logprobs=True, top_logprobs=20).kwargs["logprobs"] == 20
+    assert "logprobs" not in chat(logprobs=False).kwargs
+    err = error_of(chat, top_logprobs=2)
+    assert err.param == "top_logprobs" and "needs logprobs" in err.message
+    assert error_of(chat, logprobs=True, top_logprobs=21).param == "top_logprobs"
+    with pytest.raises(APIError) as info:  # chat's logprobs is a boolean, completions' a count
+        parse_body(ChatCompletionRequest, json.dumps({"messages": HELLO, "logprobs": 3}).encode())
+    assert info.value.status == 422 and info.value.param == "logprobs"
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+@pytest.mark.parametrize("body, constraint", [
+    ({"response_format": {"type": "text"}}, None),
+    ({"response_format": {"type": "json_object"}}, Constraint.json_object()),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA,
+                                                                 "strict": True}}},
+     Constraint.json_schema(SCHEMA)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "anything"}}},
+     Constraint.json_object()),
+    ({"response_format": {"type": "json_object", "schema": SCHEMA}}, Constraint.json_schema(SCHEMA)),
+    ({"json_schema": SCHEMA}, Constraint.json_schema(SCHEMA)),
+    ({"grammar": 'root ::= "yes" | "no"'}, Constraint.grammar('root ::= "yes" | "no"')),
+])
+def test_response_format_json_schema_and_grammar_become_the_constraint(body, constraint):
+    for gen in (chat(**body), completion(prompt="x", **body)):
+        assert gen.kwargs.get("constraint") == constraint
+
+
+def test_a_bad_schema_says_what_is_wrong():
+    err = error_of(chat, response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}})
+    assert (err.status, err.param) == (400, "response_format")
+    assert err.message.startswith("response_format.json_schema.schema: bad JSON schema")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_tools_and_tool_choice_reach_the_engine():
+    gen = chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    assert gen.kwargs["tools"] == [WEATHER] and gen.kwargs["tool_choice"] == "required"
+    assert gen.tools and gen.single_call
+    gen = chat(tools=[WEATHER], tool_choice="none")
+    assert not gen.tools and gen.kwargs["tool_choice"] == "none"
+    assert not chat().tools and "tools" not in chat().kwargs
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+     "tools[0].function.name", "tools[0].function.name: must be 1 to 64"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "tools[0].type: only function tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+     "tool_choice", "tool_choice: the function 'other' is not among the tools"),
+    ({"tools": [WEATHER], "tool_choice": "any"}, "tool_choice", "tool_choice: must be one of"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "a tool_choice that requires a call cannot be combined"),
+])
+def test_bad_tools_are_400_naming_the_parameter(body, param, message):
+    err = error_of(chat, **body)
+    assert (err.status, err.param) == (400, param) and err.message.startswith(message), err.message
+
+
+def test_tool_turns_reach_the_template_with_their_calls():
+    gen = chat(messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ], tools=[WEATHER])
+    assert gen.prompt == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"},
+    ]
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "{not json"}}]}, "messages[0].tool_calls"),
+    ({"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "[1]"}}]}, "messages[0].tool_calls"),
+    ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]},
+     "messages[0].tool_calls"),
+])
+def test_bad_past_calls_are_400(message, param):
+    err = error_of(chat, messages=[message])
+    assert (err.status, err.param) == (400, param), err.message
 
 
 @pytest.mark.parametrize("messages, param", [
     ([], "messages"),
-    ([{"role": "tool", "content": "x"}], "messages[0].role"),
+    ([{"role": "function", "content": "x"}], "messages[0].role"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}],
      "messages[0].content"),
 ])
@@ -136,7 +281,7 @@ def test_bad_chat_messages_are_400(messages, param):
 
 
 def test_error_body_is_openai_shaped():
-    err = error_of(completion, prompt="x", n=3)
-    assert err.body() == {"error": {"message": "n is not supported by edgespec",
-                                    "type": "invalid_request_error", "param": "n",
+    err = error_of(completion, prompt="x", echo=True)
+    assert err.body() == {"error": {"message": "echo is not supported by edgespec",
+                                    "type": "invalid_request_error", "param": "echo",
                                     "code": "unsupported_parameter"}}

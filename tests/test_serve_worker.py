@@ -92,6 +92,30 @@ def test_last_piece_carries_finish_reason_and_a_stats_snapshot():
     assert last.finish_reason == "length" and last.stats["generated"] == 2
 
 
+def test_a_job_of_several_choices_runs_them_in_turn_with_their_detail():
+    async def main():
+        log: list = []
+        done: list = []
+        worker = Worker(max_queue=1, on_done=lambda job, stats, secs: done.append((job.outcome, stats)))
+        worker.start()
+        job = Job(Script(log, "a", n=2), Script(log, "b", n=1),
+                  detail=lambda chunk: (threading.current_thread().name, chunk.text))
+        worker.submit(job)
+        pieces = []
+        while (piece := await job.next()) is not None:
+            pieces.append(piece)
+        worker.stop()
+        return log, pieces, done
+
+    log, pieces, done = run(main())
+    assert [(p.choice, p.text, p.finish_reason) for p in pieces] == [
+        (0, "a0 ", None), (0, "a1 ", "length"), (1, "b0 ", "length")]
+    assert pieces[0].detail == ("edgespec-worker", "a0 ")  # made on the worker's thread
+    assert [e[:2] for e in log] == [("start", "a"), ("end", "a"), ("start", "b"), ("end", "b")]
+    [(outcome, stats)] = done
+    assert outcome == "completed" and [s.generated for s in stats] == [2, 1]
+
+
 def test_the_queue_is_bounded_and_cancelled_jobs_free_their_place():
     async def main():
         gate = threading.Event()

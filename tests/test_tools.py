@@ -121,6 +121,30 @@ def test_text_without_calls_comes_back_as_it_is(text):
         assert merge_events(streamed(text, "hermes", cuts)) == (text, [])
 
 
+@pytest.mark.parametrize("text, content", [
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```', None),
+    ('Sure:\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\nDone.', "Sure:\nDone."),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None),
+    ('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\nThat is all.', "That is all."),
+])
+def test_calls_in_a_code_fence_or_as_the_whole_answer(text, content):
+    got, calls = parse_tool_calls(text, "hermes")
+    assert got == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("text", [
+    '```json\n{"answer": 42}\n```',
+    '```python\nprint(1)\n```\nDone.\n```\nplain\n```',
+    '{"answer": 42}',
+    'Call it: {"name": "get_weather", "arguments": {"city": "Paris"}}',  # not the answer's start
+])
+def test_fences_and_objects_that_are_not_calls_stay_content(text):
+    assert parse_tool_calls(text, "hermes") == (text, [])
+    assert merge_events(streamed(text, "hermes", list(range(1, len(text))))) == (text, [])
+
+
 def test_a_call_written_in_another_order_is_read_whole():
     text = '<tool_call>\n{"arguments": {"x": 1}, "name": "f"}\n</tool_call>'
     assert without_ids(parse_tool_calls(text, "hermes")[1]) == [("f", '{"x": 1}')]
@@ -148,6 +172,8 @@ def test_family_none_reads_no_calls():
     ("hermes", f"I will call two tools.\n\n{CALL}\n{CALL.replace('Paris', 'Lima')}\n"),
     ("hermes", 'Sure <tool_call>\n{"name": "now", "arguments": {}}\n</tool_call> and then more text'),
     ("hermes", '<tool_call>\n{"arguments": {"x": "y"}, "name": "f"}\n</tool_call>'),
+    ("hermes", 'Sure:\n```json\n{"name": "f", "arguments": {"a": [1, 2]}}\n```\nDone, see ```code```.'),
+    ("hermes", '  {"name": "f", "arguments": {"a": "{"}}  \n\nafter'),
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"s": "a \\" } ] \\\\", "b": [{"c": {}}]}}\n</tool_call>'),
     ("llama3", '<|python_tag|>{"name": "f", "parameters": {"s": "}"}};{"name": "g", "parameters": {}}'),
     ("llama3", '{"parameters": {"a": 1}, "name": "f"}'),
@@ -170,6 +196,29 @@ def test_streaming_in_any_pieces_gives_the_whole_reading(family, text):
                     assert delta["type"] == "function" and "name" in delta["function"]
                 else:
                     assert set(delta) == {"index", "function"} and set(delta["function"]) == {"arguments"}
+
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "```json\n", "```\n", "```", "{", "}", "[", "\n",
+             "  ", '"name"', '"arguments"', '"parameters"', ": ", ", ", '"f"', '"a \\" {"', "1", ";",
+             "<|python_tag|>", "Hello", " world.", '{"name": "f", "arguments": {"x": 1}}',
+             '{"name": "g", "parameters": {}}', '<tool_call>\n{"name": "f", "arguments": {"y": [2]}}\n</tool_call>']
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3"])
+def test_any_text_streams_to_its_whole_reading(family):
+    """Random texts made of the parsers' delimiters: streamed in random pieces they read as
+    they do whole, and a text without calls is its own content."""
+    rng = random.Random(11)
+    for _ in range(400):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 10)))
+        whole = parse_tool_calls(text, family)
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8))))
+        content, calls = merge_events(streamed(text, family, cuts))
+        assert (content, without_ids(calls)) == (whole[0], without_ids(whole[1])), text
+        if not calls:
+            assert content == text
+        for call in calls:
+            assert call["function"]["name"] in ("f", "g")
 
 
 def test_stream_announces_a_call_before_its_end_and_streams_its_arguments():
@@ -207,6 +256,7 @@ def test_constraint_needs_a_known_format():
     with pytest.raises(ConfigError, match="tools: this model's chat template has no tool-call format"):
         tool_constraint(TOOLS, "required", "none")
     assert tool_constraint(None, None, "none") is None
+    assert tool_constraint(TOOLS, "none", "none") is None  # not used: no format needed
 
 
 def _matcher(tokenizer, n_vocab, choice, family="hermes", **kw):
@@ -237,3 +287,24 @@ def test_constraint_on_the_default_targets_vocabulary(default_engine):
     # arguments outside the schema are refused
     bad = target.tokenize(CALL.replace('"C"', '"K"'), add_special=False)
     assert _matcher(tokenizer, target.n_vocab, "required").valid(bad) < len(bad)
+
+
+@pytest.mark.real
+def test_the_default_target_makes_a_named_call_greedily(default_engine):
+    """The constraint on the real model: a parsable call whose arguments fit the schema."""
+    import jsonschema
+
+    from edgespec.core.sampling import SamplingParams
+
+    target = default_engine.target
+    assert tool_family(target.metadata()["tokenizer.chat_template"]) == "hermes"
+    ask = [{"role": "user", "content": "What is the weather in Paris right now, in Celsius?"}]
+    done = default_engine.complete(ask, tools=TOOLS, max_tokens=32,
+                                   tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                   sampling=SamplingParams(temperature=0))
+    assert done.text.startswith("<tool_call>\n{") and done.text.endswith("</tool_call>")
+    content, calls = parse_tool_calls(done.text, "hermes")
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_weather"]
+    arguments = json.loads(calls[0]["function"]["arguments"])
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+    assert arguments["city"] == "Paris"

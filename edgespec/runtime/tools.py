@@ -7,6 +7,8 @@ Two families of chat template are known, found by :func:`tool_family` in the tem
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, several in a row for
   parallel calls, possibly after some text. In the Qwen vocabularies ``<tool_call>`` and
   ``</tool_call>`` are tokens of their own, which a Lark grammar names as ``<tool_call>``.
+  Small models left free often write the call object in a ``json`` code fence, or as the
+  whole answer, instead: those are read as calls too (as llama-server reads them).
 - ``llama3`` (Llama 3.1 and later): the whole answer is ``{"name": ..., "parameters": {...}}``,
   optionally after ``<|python_tag|>``; several calls are separated by ``;``.
 
@@ -150,7 +152,8 @@ def tool_family(chat_template: str | None) -> str:
 def tool_constraint(tools: list[dict] | None, tool_choice: Any, family: str, *,
                     parallel: bool = True, tokenizer: Any = None) -> Constraint | None:
     """The constraint that makes the answer tool calls, or None where the model is free
-    (``tool_choice`` absent, ``"auto"`` or ``"none"``).
+    (``tool_choice`` absent, ``"auto"`` or ``"none"``). Tools for a template of family
+    ``none`` are a ConfigError, unless ``tool_choice`` is ``"none"`` (they are not used).
 
     ``"required"``: one call to any of the tools (``hermes``: one or more where ``parallel``);
     a named function: one call to it. Each call's arguments follow that function's parameter
@@ -160,7 +163,7 @@ def tool_constraint(tools: list[dict] | None, tool_choice: Any, family: str, *,
     check_tools(tools, tool_choice)
     if family not in FAMILIES:
         raise ConfigError(f"unknown tool family {family!r}: one of {', '.join(FAMILIES)}")
-    if tools and family == "none":
+    if tools and family == "none" and tool_choice != "none":
         raise ConfigError("tools: this model's chat template has no tool-call format edgespec "
                           "knows (Qwen/Hermes <tool_call> tags, Llama 3.1 JSON)")
     named = _named(tool_choice)
@@ -240,11 +243,15 @@ class ToolCallStream:
     ``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}`` (a call's
     first delta) or ``{"tool_calls": [{"index", "function": {"arguments": piece}}]}``.
 
+    ``hermes`` calls are ``<tool_call>`` tags, or, as llama-server also reads them from models
+    that do not use the tags, a call object in a ``json`` code fence or opening the answer.
     Text that may still become a call (a partial ``<tool_call>``, a call's head before its
     name is known) is held back. A call written as ``{"name": ..., "arguments": {`` is
-    announced as soon as its name is read and its arguments stream piece by piece; one
-    written otherwise is read whole at its end. Whitespace between content and calls is
-    dropped. Without calls, the content deltas add up to the text exactly.
+    announced as soon as its name is read and its arguments stream piece by piece; one in
+    tags written otherwise is read whole at its end, and a fence or a ``{`` that does not open
+    a call is content. Whitespace between content and calls is dropped (content after a call
+    keeps what separates it from content before). Without calls, the content deltas add up
+    to the text exactly.
     """
 
     def __init__(self, family: str) -> None:
@@ -253,10 +260,13 @@ class ToolCallStream:
         self.family = family
         self.calls = 0  #: calls announced so far
         self._buf = ""
-        self._state = "start" if family == "llama3" else "text"
+        self._state = "start"
+        self._opener = ""  #: the text that opened the call being read ("" for a bare one)
         self._raw = ""  #: llama3: the whole text, for content where the calls do not parse
         self._ws = ""  #: trailing whitespace of the content, held until more content comes
+        self._ws_before = ""  #: the whitespace held where the call being read opened
         self._after_call = False
+        self._said = False  #: whether any content was sent
         self._events: list[Event] = []
         # the arguments being streamed: nesting depth, inside a string, after a backslash
         self._depth = 0
@@ -280,17 +290,15 @@ class ToolCallStream:
             return []
         state, buf = self._state, self._buf
         self._buf = ""
-        if state == "text":
+        if state in ("text", "start", "plain"):
             self._content(buf)
         elif state == "head":  # cut off before the call's name: it was text after all
-            self._content(OPEN + buf)
+            self._content(self._ws_before + self._opener + buf)
         elif state == "whole":
             self._whole(buf, closed=False)
-        elif state == "start":
-            self._content(buf)
         elif state in ("l3_head", "l3_whole"):
-            self._llama3_whole()
-        # "args", "tail", "plain": nothing held
+            self._llama3_whole(buf)
+        # "args", "tail": nothing held but the end of a call
         if not self.calls and self._ws:
             self._emit({"content": self._ws})
         self._ws = ""
@@ -328,40 +336,53 @@ class ToolCallStream:
         raise AssertionError(state)
 
     def _text(self) -> bool:
+        """hermes content, up to the next opener (a partial one at the end held back)."""
         buf = self._buf
-        at = buf.find(OPEN)
-        if at >= 0:
+        at, opener = _find_opener(buf)
+        if opener:
             self._content(buf[:at])
-            self._ws = ""  # whitespace before a call is not content
-            self._buf = buf[at + len(OPEN):]
+            self._opened()
+            self._opener = opener
+            self._buf = buf[at + len(opener):]
             self._state = "head"
             return True
-        keep = _partial_suffix(buf, OPEN)
-        self._content(buf[:len(buf) - keep])
-        self._buf = buf[len(buf) - keep:]
+        self._content(buf[:at])
+        self._buf = buf[at:]
         return False
 
     def _start(self) -> bool:
-        """llama3: the answer is calls if it starts with ``{`` or ``<|python_tag|>``."""
+        """The answer's start (or, llama3, what follows a call): a call if it opens with
+        ``{`` (llama3: or ``<|python_tag|>``)."""
+        tag = PYTHON_TAG if self.family == "llama3" else ""
+        if tag and self.calls:  # between calls: separators
+            self._buf = self._buf.lstrip(" \t\r\n;")
         head = self._buf.lstrip()
-        if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+        if not head or (tag.startswith(head) and head != tag):
             return False
-        if head.startswith(PYTHON_TAG):
-            self._buf = head[len(PYTHON_TAG):]
+        if tag and head.startswith(tag):
+            self._buf = head[len(tag):]
             self._state = "l3_head"
         elif head.startswith("{"):
+            self._opened()
+            self._opener = self._buf[:len(self._buf) - len(head)]
             self._buf = head
-            self._state = "l3_head"
+            self._state = "l3_head" if tag else "head"
         else:
-            self._state = "plain"
+            self._state = "plain" if tag else "text"
         return True
 
     def _head(self) -> bool:
         found = _read_head(self._buf, ARGUMENT_KEYS[self.family])
         if found is None:
             return False
-        if found is False:  # not the usual shape: read the call whole at its end
-            self._state = "whole" if self._state == "head" else "l3_whole"
+        if found is False:  # not the usual shape
+            if self._state == "l3_head":
+                self._state = "l3_whole"  # read whole at the end
+            elif self._opener == OPEN:
+                self._state = "whole"  # read whole at the closing tag
+            else:  # a code fence or a brace that does not open a call: content
+                self._content(self._ws_before + self._opener)
+                self._state = "text"
             return True
         name, at = found
         self._announce(name, "")
@@ -402,45 +423,53 @@ class ToolCallStream:
         return True
 
     def _tail(self) -> bool:
-        """After the arguments: the call's closing ``}`` and (hermes) ``</tool_call>``."""
+        """After the arguments: the call's closing ``}`` and its closer (``</tool_call>``, the
+        fence's closing backticks; llama3: ``;`` before the next call)."""
         buf = self._buf
-        if self.family == "hermes":
-            close, again = buf.find(CLOSE), buf.find(OPEN)
+        closer = {OPEN: CLOSE, "": ""}.get(self._opener.strip(), FENCE)
+        if self.family == "hermes" and closer:
+            close, again = buf.find(closer), buf.find(OPEN)
             if again >= 0 and (close < 0 or again < close):  # the next call, unclosed before it
                 self._buf = buf[again:]
             elif close >= 0:
-                self._buf = buf[close + len(CLOSE):]
+                self._buf = buf[close + len(closer):]
             else:
-                self._buf = buf[len(buf) - _partial_suffix(buf, CLOSE):]
+                keep = max(_partial_suffix(buf, closer), _partial_suffix(buf, OPEN))
+                self._buf = buf[len(buf) - keep:]
                 return False
             self._state = "text"
             self._after_call = True
             return True
         rest = buf.lstrip()
+        if not rest:
+            return False
         if rest.startswith("}"):
             rest = rest[1:]
-        rest = rest.lstrip(" \t\r\n;")
-        if not rest:
-            self._buf = buf if buf.strip() == "" else ""
-            return False
         self._buf = rest
-        self._state = "start"
+        self._state = "start" if self.family == "llama3" else "text"
+        self._after_call = True
         return True
 
     # ---- output ----------------------------------------------------------------------------
 
     def _content(self, text: str) -> None:
         """Content, its trailing whitespace held (it is dropped if a call follows)."""
-        if self._after_call:
+        if self._after_call and not self._said:  # the answer's content starts here
             text = text.lstrip()
             if not text:
                 return
-            self._after_call = False
+        self._after_call = False
         text = self._ws + text
         body = text.rstrip()
         self._ws = text[len(body):]
         if body:
             self._emit({"content": body})
+            self._said = True
+
+    def _opened(self) -> None:
+        """A call may start here: the whitespace before it is not content, unless it is not
+        a call after all."""
+        self._ws_before, self._ws = self._ws, ""
 
     def _announce(self, name: str, arguments: str) -> None:
         self._emit({"tool_calls": [{"index": self.calls, "id": new_call_id(), "type": "function",
@@ -448,15 +477,15 @@ class ToolCallStream:
         self.calls += 1
 
     def _whole(self, body: str, *, closed: bool) -> None:
-        """A hermes call read whole: announced if it parses, else its text is content."""
+        """A call in tags read whole: announced if it parses, else its text is content."""
         call = _call_of(_loads(body.strip()), self.family)
         if call is None:
-            self._content(OPEN + body + (CLOSE if closed else ""))
+            self._content(self._ws_before + self._opener + body + (CLOSE if closed else ""))
             return
         self._announce(*call)
         self._after_call = True
 
-    def _llama3_whole(self) -> None:
+    def _llama3_whole(self, rest: str) -> None:
         """llama3 calls read whole at the end: every object a call, or all of it content."""
         text = self._raw.lstrip()
         if text.startswith(PYTHON_TAG):
@@ -464,8 +493,7 @@ class ToolCallStream:
         calls = _llama3_calls(text)
         if calls is None:
             # what was announced stays announced; the rest is content
-            done = self._raw if not self.calls else self._buf
-            self._content(done)
+            self._content(self._raw if not self.calls else rest)
             return
         for call in calls[self.calls:]:
             self._announce(*call)
@@ -489,6 +517,29 @@ class ToolCallStream:
                 out.append(copy.deepcopy(event))  # the joining changes it
         self._events = []
         return out
+
+
+#: the code fences a hermes call may come in (the answer's text before the call's object)
+FENCE = "```"
+FENCE_OPENERS = ("```json\n", "```\n")
+OPENERS = (OPEN, *FENCE_OPENERS)
+
+
+def _find_opener(buf: str) -> tuple[int, str]:
+    """(where, opener) of the first call opener in ``buf``; where none is, (where the text
+    that may still begin one starts, or ``len(buf)``, "")."""
+    i = 0
+    while True:
+        i = min((j for j in (buf.find("<", i), buf.find("`", i)) if j >= 0), default=-1)
+        if i < 0:
+            return len(buf), ""
+        rest = buf[i:]
+        for opener in OPENERS:
+            if rest.startswith(opener):
+                return i, opener
+        if any(opener.startswith(rest) for opener in OPENERS):
+            return i, ""
+        i += 1
 
 
 def _partial_suffix(text: str, tag: str) -> int:

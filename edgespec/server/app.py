@@ -7,7 +7,10 @@ A generation request is validated first (400/422 before it queues), then queued 
 ``Retry-After`` when the queue is full). The response waits for the first piece of text, so an
 error the engine finds (context overflow, a drafter without its draft model) is still a plain
 400; after that, a streamed response sends server-sent events in the OpenAI chunk format and
-ends with ``data: [DONE]``. A client that disconnects, whether queued, waiting or mid-stream,
+ends with ``data: [DONE]``. With ``n`` choices, they run one after another, and a stream sends
+each choice's chunks in turn. With tools, the model's text is read for calls
+(:class:`~edgespec.runtime.tools.ToolCallStream`): a message's ``tool_calls`` and
+``finish_reason`` ``"tool_calls"``, streamed as OpenAI's tool-call deltas. A client that disconnects, whether queued, waiting or mid-stream,
 cancels its job: the worker closes the engine's generator at the end of the current round.
 When the engine is lost (its RPC worker died or stopped answering), every open and queued
 request gets a 503 ``backend_unavailable`` (an error event on a stream), then the process exits.
@@ -16,9 +19,11 @@ request gets a 503 ``backend_unavailable`` (an error event on a stream), then th
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import math
+import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -38,14 +43,24 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import ContextOverflowError, EdgespecError
 from ..runtime.engine import Engine
+from ..runtime.tools import ToolCallStream, parse_tool_calls, tool_family
 from . import DEFAULT_MAX_QUEUE, errors
 from .errors import APIError
 from .metrics import Metrics, prometheus_text
-from .responses import DONE, Reply, sse
+from .responses import (
+    DONE,
+    Reply,
+    TokenLogprob,
+    chat_logprobs,
+    completion_logprobs,
+    sse,
+    token_logprobs,
+)
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     Defaults,
+    Generation,
     parse_body,
     to_generation,
 )
@@ -148,10 +163,20 @@ def as_api_error(err: BaseException) -> APIError:
     if isinstance(err, ContextOverflowError):
         return errors.bad_request(str(err), code="context_length_exceeded")
     if isinstance(err, EdgespecError):  # ConfigError (a drafter without its draft model), ...
-        return errors.bad_request(str(err), code="invalid_value")
+        return errors.bad_request(str(err), code="invalid_value", param=_param_named(str(err)))
     if not isinstance(err, InternalError):
         log.error("unexpected error", exc_info=err)
     return errors.internal()
+
+
+#: request parameters an engine's message may start with (``logit_bias names token ...``)
+_PARAMS = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+
+
+def _param_named(message: str) -> str | None:
+    """The request parameter an engine's error message starts with, if it names one."""
+    match = re.match(r"([a-z_]+)[\[.: ]", message)
+    return match.group(1) if match and match.group(1) in _PARAMS else None
 
 
 class _Api:
@@ -230,12 +255,26 @@ class _Api:
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
+    @functools.cached_property
+    def tool_family(self) -> str:
+        """How the target's chat template has the model write tool calls."""
+        metadata = getattr(self.engine.target, "metadata", None)
+        template = metadata().get("tokenizer.chat_template", "") if metadata else ""
+        return tool_family(template)
+
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         body = await _read_body(request)
         req = parse_body(ChatCompletionRequest if chat else CompletionRequest, body)
         gen = to_generation(req, self.settings.defaults)
         reply = Reply(chat=chat, model=self.settings.model_id)
-        job = Job(lambda: self.engine.stream(gen.prompt, **gen.kwargs))
+        engine = self.engine
+        starts = [functools.partial(engine.stream, gen.prompt, **gen.choice_kwargs(i))
+                  for i in range(gen.n)]
+        detail = None
+        if gen.logprobs is not None:
+            def detail(chunk):  # on the worker's thread: the engine's vocabulary is read there
+                return token_logprobs(chunk.tokens, engine.target.token_bytes)
+        job = Job(*starts, detail=detail)
         try:
             self.worker.submit(job)
         except QueueFullError:
@@ -255,34 +294,56 @@ class _Api:
                 return Response(status_code=CLIENT_CLOSED)
             if gen.stream:  # from here on, the response cancels the job when it ends
                 streaming = True
-                return _JobStream(self._events(reply, job, first, gen.include_usage), on_close=done)
-            parts, last = [first.text], first
-            while last.finish_reason is None:
+                return _JobStream(self._events(reply, job, first, gen), on_close=done)
+            answers = [_Answer() for _ in range(gen.n)]
+            piece: Piece | None = first
+            while True:
+                answers[piece.choice].add(piece)
+                if piece.finish_reason is not None and piece.choice == gen.n - 1:
+                    break
                 piece = await job.next()
                 if piece is None:
                     return Response(status_code=CLIENT_CLOSED)
-                parts.append(piece.text)
-                last = piece
-            assert last.stats is not None
-            return JSONResponse(reply.body("".join(parts), last.finish_reason, last.stats))
+            return JSONResponse(self._body(reply, gen, answers))
         finally:
             if not streaming:
                 done()
 
+    def _body(self, reply: Reply, gen: Generation, answers: list["_Answer"]) -> dict[str, Any]:
+        choices = []
+        for index, answer in enumerate(answers):
+            text, reason, calls = "".join(answer.parts), answer.reason, None
+            if gen.tools:
+                text, calls = parse_tool_calls(text, self.tool_family)
+                calls = calls[:1] if gen.single_call else calls
+                if calls and reason == "stop":
+                    reason = "tool_calls"
+            choices.append(reply.choice(index, text, reason, tool_calls=calls,
+                                        logprobs=answer.logprobs if gen.logprobs is not None else None))
+        return reply.body(choices, [a.stats for a in answers], [a.reason for a in answers])
+
     async def _events(self, reply: Reply, job: Job, first: Piece,
-                      include_usage: bool) -> AsyncIterator[str]:
-        if reply.chat:
-            yield sse(reply.chunk("", role=True))
+                      gen: Generation) -> AsyncIterator[str]:
         piece: Piece | None = first
+        choice = _StreamedChoice(reply, gen, self.tool_family, piece.choice)
+        stats: list[dict[str, Any]] = []
         try:
+            for event in choice.start():
+                yield sse(event)
             while piece is not None:
-                if piece.text:
-                    yield sse(reply.chunk(piece.text))
+                if piece.choice != choice.index:
+                    choice = _StreamedChoice(reply, gen, self.tool_family, piece.choice)
+                    for event in choice.start():
+                        yield sse(event)
+                for event in choice.feed(piece):
+                    yield sse(event)
                 if piece.finish_reason is not None:
-                    yield sse(reply.chunk(reason=piece.finish_reason, stats=piece.stats))
-                    if include_usage and piece.stats is not None:
-                        yield sse(reply.usage_chunk(piece.stats))
-                    break
+                    assert piece.stats is not None
+                    stats.append(piece.stats)
+                    if piece.choice == gen.n - 1:
+                        if gen.include_usage:
+                            yield sse(reply.usage_chunk(stats))
+                        break
                 piece = await job.next()
         except Exception as err:  # noqa: BLE001 - after the headers, errors become an event
             yield sse(as_api_error(err).body())
@@ -329,3 +390,75 @@ class _JobStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+class _Answer:
+    """One choice of a whole (non-streamed) response, as its pieces come."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.reason = "stop"
+        self.stats: dict[str, Any] = {}
+
+    def add(self, piece: Piece) -> None:
+        self.parts.append(piece.text)
+        self.logprobs.extend(piece.detail or ())
+        if piece.finish_reason is not None:
+            self.reason = piece.finish_reason
+            self.stats = piece.stats or {}
+
+
+class _StreamedChoice:
+    """The chunks of one streamed choice: its text as content deltas, or read for tool calls
+    (held back while a call may be starting); each chunk carries the log-probabilities of the
+    tokens it brings (those of held-back text ride with the next chunk)."""
+
+    def __init__(self, reply: Reply, gen: Generation, family: str, index: int) -> None:
+        self.reply = reply
+        self.index = index
+        self.logprobs = gen.logprobs is not None
+        self.single_call = gen.single_call
+        self.calls = ToolCallStream(family) if gen.tools else None
+        self.pending: list[TokenLogprob] = []
+        self.offset = 0  #: completions' text_offset: characters sent so far
+
+    def start(self) -> list[dict[str, Any]]:
+        """The opening chunk (chat: the assistant's role)."""
+        return [self.reply.chunk("", index=self.index, role=True)] if self.reply.chat else []
+
+    def feed(self, piece: Piece) -> list[dict[str, Any]]:
+        self.pending.extend(piece.detail or ())
+        if self.calls is not None:
+            deltas = self.calls.feed(piece.text)
+            if piece.finish_reason is not None:
+                deltas += self.calls.finish()
+        else:
+            deltas = [{"content": piece.text}] if piece.text else []
+        if self.single_call:
+            deltas = [d for d in deltas if all(c["index"] == 0 for c in d.get("tool_calls", ()))]
+        out = [self._chunk(delta) for delta in deltas]
+        if piece.finish_reason is not None:
+            reason = piece.finish_reason
+            if self.calls is not None and self.calls.calls and reason == "stop":
+                reason = "tool_calls"
+            out.append(self.reply.chunk(index=self.index, reason=reason, stats=piece.stats,
+                                        engine_reason=piece.finish_reason,
+                                        logprobs=self._logprobs()))
+        return out
+
+    def _chunk(self, delta: dict[str, Any]) -> dict[str, Any]:
+        if "content" in delta:
+            return self.reply.chunk(delta["content"], index=self.index, logprobs=self._logprobs())
+        return self.reply.chunk(index=self.index, delta=delta, logprobs=self._logprobs())
+
+    def _logprobs(self) -> dict[str, Any] | None:
+        """The log-probabilities not sent yet, in the reply's shape (None where not asked)."""
+        if not self.logprobs:
+            return None
+        items, self.pending = self.pending, []
+        if self.reply.chat:
+            return chat_logprobs(items)
+        out = completion_logprobs(items, self.offset)
+        self.offset += sum(item.chars for item in items)
+        return out

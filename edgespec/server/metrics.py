@@ -16,7 +16,7 @@ import resource
 import sys
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 from ..core.speedup import CURVE, MEASURED
 from ..core.stats import Stats
@@ -53,20 +53,23 @@ class Metrics:
         with self._lock:
             self._requests[(endpoint, status)] += 1
 
-    def count_generation(self, outcome: str, stats: Stats | None, seconds: float) -> None:
-        """One finished job: ``outcome`` is ``completed``, ``cancelled`` or ``failed``."""
+    def count_generation(self, outcome: str, stats: Stats | Sequence[Stats] | None,
+                         seconds: float) -> None:
+        """One finished job: ``outcome`` is ``completed``, ``cancelled`` or ``failed``;
+        ``stats``: its generation's, or each of its choices'."""
+        each = [] if stats is None else [stats] if isinstance(stats, Stats) else list(stats)
         with self._lock:
             self._generations[outcome] += 1
             self._seconds += seconds
             # an exponential average of job time: the basis of Retry-After
             self._mean_job_seconds += 0.2 * (seconds - self._mean_job_seconds)
-            if stats is not None:
-                self._tokens["prompt"] += stats.prompt_tokens
-                self._tokens["generated"] += stats.generated
-                self._tokens["drafted"] += stats.drafted
-                self._tokens["accepted"] += stats.accepted
-                self._tokens["rounds"] += stats.rounds
-                speedup = stats.speedup
+            for one in each:
+                self._tokens["prompt"] += one.prompt_tokens
+                self._tokens["generated"] += one.generated
+                self._tokens["drafted"] += one.drafted
+                self._tokens["accepted"] += one.accepted
+                self._tokens["rounds"] += one.rounds
+                speedup = one.speedup
                 if speedup is not None:
                     self._target_only_seconds += speedup.target_only_seconds
                     self._decode_seconds += speedup.seconds

@@ -1,9 +1,9 @@
 """One engine, one worker thread: requests run one at a time, in arrival order.
 
 The engine is blocking and not thread-safe, so every generation runs on the single thread of a
-:class:`Worker`. The event loop hands it a :class:`Job` (a function that starts an
-``engine.stream`` generator); the worker sends back :class:`Piece` objects, plain data that is
-safe to read on the loop's thread. At most ``max_queue`` jobs wait behind the running one;
+:class:`Worker`. The event loop hands it a :class:`Job` (functions that start ``engine.stream``
+generators, one per choice, run one after another); the worker sends back :class:`Piece`
+objects, plain data that is safe to read on the loop's thread. At most ``max_queue`` jobs wait behind the running one;
 :meth:`Worker.submit` raises :class:`QueueFullError` beyond that.
 
 Cancelling a job (the client went away, or the server is stopping) stops it at the end of the
@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ..core.stats import Stats
 from ..errors import EdgespecError
@@ -47,26 +47,36 @@ class InternalError(Exception):
 
 @dataclass(frozen=True)
 class Piece:
-    """Confirmed text from one verification round. The last piece has ``finish_reason`` and
-    ``stats`` (``Stats.to_dict()`` of the whole generation)."""
+    """Confirmed text from one verification round of choice ``choice``. A choice's last piece
+    has ``finish_reason`` and ``stats`` (``Stats.to_dict()`` of its whole generation).
+    ``detail``: what the job's ``detail`` function made of the chunk on the worker's thread
+    (the tokens' log-probabilities), or None."""
 
     text: str
     finish_reason: str | None = None
     stats: dict[str, Any] | None = None
+    choice: int = 0
+    detail: Any = None
 
 
 _END = object()
 
 
 class Job:
-    """One generation: ``start()`` returns the ``engine.stream`` generator the worker drains.
+    """One request's generations: each of ``starts`` returns an ``engine.stream`` generator
+    (one choice) the worker drains, one after another. ``detail(chunk)``, if given, runs on the
+    worker's thread for every chunk; its result travels in :attr:`Piece.detail`.
 
     Create it on the event loop's thread (it binds to the running loop); read its output there
     with :meth:`next`.
     """
 
-    def __init__(self, start: Callable[[], Iterator[Chunk]]) -> None:
-        self._start = start
+    def __init__(self, *starts: Callable[[], Iterator[Chunk]],
+                 detail: Callable[[Chunk], Any] | None = None) -> None:
+        if not starts:
+            raise ValueError("a job needs at least one generation")
+        self._starts = starts
+        self._detail = detail
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Any] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -113,21 +123,39 @@ class Job:
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             self._cancelled.set()
 
-    def _run(self) -> Stats | None:
-        """Drain the generator on the worker thread; returns the final stats (if it started)."""
-        if self.cancelled:
-            self._finish()
-            return None
+    def _run(self) -> list[Stats]:
+        """Drain the generators on the worker thread, one choice after another; returns the
+        stats of each choice that started."""
+        done: list[Stats] = []
+        for index, start in enumerate(self._starts):
+            if self.cancelled:
+                break
+            if index:
+                self.outcome = "cancelled"  # until this choice completes too
+            stats, ended = self._run_one(index, start)
+            if stats is not None:
+                done.append(stats)
+            if not ended:
+                break
+        self._finish()
+        return done
+
+    def _run_one(self, index: int, start: Callable[[], Iterator[Chunk]]) -> tuple[Stats | None, bool]:
+        """One choice: (its last stats, whether it ran to its end)."""
         stats = None
         generator = None
+        ended = False
         try:
-            generator = self._start()
+            generator = start()
             for chunk in generator:
                 stats = chunk.stats
                 final = chunk.finish_reason is not None
-                self._emit(Piece(chunk.text, chunk.finish_reason, stats.to_dict() if final else None))
+                detail = self._detail(chunk) if self._detail is not None else None
+                self._emit(Piece(chunk.text, chunk.finish_reason,
+                                 stats.to_dict() if final else None, index, detail))
                 if final:
                     self.outcome = "completed"
+                    ended = True
                 elif self.cancelled:
                     break
         except EdgespecError as err:
@@ -140,8 +168,7 @@ class Job:
         finally:
             if generator is not None:
                 generator.close()  # the engine's own cleanup: ready for the next job
-        self._finish()
-        return stats
+        return stats, ended
 
     def _finish(self) -> None:
         stopped = self.cancelled and self.outcome != "completed"
@@ -151,11 +178,12 @@ class Job:
 class Worker:
     """The one thread that runs generations, fed by a bounded first-in first-out queue.
 
-    ``on_done(job, stats, seconds)`` is called on the worker thread after each job (for metrics).
+    ``on_done(job, stats, seconds)`` is called on the worker thread after each job (for
+    metrics), ``stats`` the list of its choices' stats.
     """
 
     def __init__(self, max_queue: int,
-                 on_done: Callable[[Job, Stats | None, float], None] | None = None) -> None:
+                 on_done: Callable[[Job, Sequence[Stats], float], None] | None = None) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.max_queue = max_queue
