@@ -637,13 +637,15 @@ class Engine:
             stop = [stop]
         logprobs = validate_logprobs(logprobs)
         constraint = make_constraint(constraint, json_schema, json_object, grammar)
-        family = None
         if tools is not None or tool_choice is not None:
             from . import tools as tooling
 
             tooling.check_tools(tools, tool_choice)
-            family = tooling.tool_family(self.target.metadata().get("tokenizer.chat_template", ""))
-            called = tooling.tool_constraint(tools, tool_choice, family)
+            # (llguidance's tokenizer says whether <tool_call> is a token of its own)
+            requires = tool_choice == "required" or isinstance(tool_choice, dict)
+            called = tooling.tool_constraint(
+                tools, tool_choice, self._tool_family(),
+                tokenizer=self.target.constraint_tokenizer if requires else None)
             if called is not None:
                 if constraint is not None:
                     raise ConfigError("a tool_choice that requires a call cannot be combined "
@@ -694,11 +696,17 @@ class Engine:
         if kwargs.get("tools") and kwargs.get("tool_choice") != "none":
             from . import tools as tooling
 
-            family = tooling.tool_family(self.target.metadata().get("tokenizer.chat_template", ""))
-            done.content, done.tool_calls = tooling.parse_tool_calls(done.text, family)
+            done.content, done.tool_calls = tooling.parse_tool_calls(done.text, self._tool_family())
             if done.tool_calls:
                 done.finish_reason = "tool_calls"
         return done
+
+    def _tool_family(self) -> str:
+        """How the target's chat template writes tool calls (:func:`~edgespec.runtime.tools.tool_family`)."""
+        from .tools import tool_family
+
+        metadata = getattr(self.target, "metadata", None)
+        return tool_family(metadata().get("tokenizer.chat_template", "") if metadata else "")
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
