@@ -32,6 +32,7 @@ from edgespec import config
 from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats
 from edgespec.errors import ConfigError, ContextOverflowError, EdgespecError
+from edgespec.runtime.constraint import Constraint
 from edgespec.runtime.drafters import DRAFTER_NAMES
 from tui.conversation import Conversation, default_save_stem, short_meta
 from tui.screens import HelpScreen
@@ -83,6 +84,8 @@ class ChatSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = config.DEFAULT_MAX_TOKENS
     system: str | None = None
+    #: what every answer must match (``--schema``, ``--json-object``, ``--grammar``), or None
+    constraint: Constraint | None = None
     #: the fewest seconds between two draws of a streaming answer and its stats (tui.throttle)
     frame: float = 0.25
 
@@ -370,7 +373,8 @@ class ChatApp(App[None]):
         stream = None
         try:
             stream = self.engine.stream(turn.prompt, max_tokens=turn.max_tokens, sampling=turn.sampling,
-                                        drafter=turn.drafter, draft_length=turn.draft_length)
+                                        drafter=turn.drafter, draft_length=turn.draft_length,
+                                        constraint=self.settings.constraint)
             for chunk in stream:
                 # copy the live stats: the engine goes on updating them in this thread
                 self.post_message(TurnChunk(turn, chunk.text, list(chunk.tokens), copy.deepcopy(chunk.stats)))

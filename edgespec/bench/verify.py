@@ -16,6 +16,12 @@ Two checks, each per drafter:
   hypothesis "same distribution": pool both samples, relabel at random, recompute the TV), at a
   stated significance level. A bootstrap gives an upper confidence bound on the TV.
 
+Both checks take the generation's shaping as it will be used: penalties and logit bias (the
+sampling settings, greedy at temperature 0), and a constraint (a JSON schema, JSON object mode
+or a grammar: :class:`~edgespec.runtime.constraint.Constraint`), given alike to the
+speculative runs and to the target-only ones they are compared with (drafter ``none``: plain
+constrained decoding, where no token is forced ahead or drafted).
+
 The statistics are pure functions of outcome counts; :func:`verify_greedy` and
 :func:`verify_sampling` drive an :class:`edgespec.runtime.engine.Engine`.
 """
@@ -28,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..core.penalties import shape, window
 from ..core.sampling import SamplingParams
 from ..runtime.kernels import BATCH_DEPENDENT, mode_of
 from ..runtime.loop import prefill
@@ -141,8 +148,9 @@ class GreedyResult:
     near_tie: bool = False
     #: largest gap a batch-shape flip can have here: twice the measured noise (None when exact)
     tolerance: float | None = None
-    drafted: int = 0
+    drafted: int = 0  #: by the drafter (tokens a constraint forced are ``forced``)
     accepted: int = 0
+    forced: int = 0  #: tokens a constraint forced, drafted ahead (always accepted)
 
     @property
     def passed(self) -> bool:
@@ -158,8 +166,9 @@ class SamplingResult:
     samples: int
     test: TVTest
     outcomes: int  #: distinct token sequences seen (both samples)
-    drafted: int = 0
+    drafted: int = 0  #: by the drafter (tokens a constraint forced are ``forced``)
     accepted: int = 0
+    forced: int = 0  #: tokens a constraint forced, drafted ahead (always accepted)
     top: list[tuple[str, int, int]] = field(default_factory=list)  #: (text, target, spec) counts
 
     @property
@@ -174,6 +183,13 @@ def _ids(completion) -> list[int]:
     return [t.id for t in completion.tokens]
 
 
+def _drafts(stats) -> tuple[int, int, int]:
+    """(drafted, accepted) by the drafter, and the tokens a constraint forced, of one run."""
+    forced = stats.by_drafter.get("forced")
+    n = forced.drafted if forced is not None else 0
+    return stats.drafted - n, stats.accepted - n, n
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a
     prefix of the other); None if they are equal."""
@@ -183,14 +199,25 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def top2_gap(engine, context: Sequence[int]) -> float:
+def top2_gap(engine, context: Sequence[int], *, params: SamplingParams | None = None,
+             constraint=None, prompt_length: int = 0) -> float:
     """The target's logit gap between its two best next tokens after ``context`` (one token
-    scored alone, as plain decoding does)."""
+    scored alone, as plain decoding does), in the row that is sampled from: shaped by
+    ``params``' penalties and bias, and with a ``constraint`` (the answer being
+    ``context[prompt_length:]``) among the tokens it allows (inf where it allows one)."""
     target = engine.target
     target.sync(list(context[:-1]))
     logits = target.decode(list(context[-1:]), 1)[0]
+    if params is not None and params.shaped:
+        logits = shape(logits, params, window(list(context), params))
+    if constraint is not None:
+        from ..runtime.constraint import Matcher
+
+        matcher = Matcher(constraint, target.constraint_tokenizer, target.n_vocab)
+        matcher.push(list(context[prompt_length:]))
+        logits = matcher.apply(logits)
     top = np.sort(logits)[-2:]
-    return float(top[1] - top[0])
+    return float(top[1] - top[0]) if top[1] > -np.inf else float("nan")
 
 
 def batch_noise_by_width(model, context: Sequence[int], continuation: Sequence[int],
@@ -223,12 +250,17 @@ def batch_noise(model, context: Sequence[int], continuation: Sequence[int],
 
 def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters: Sequence[str],
                   max_tokens: int = DEFAULT_GREEDY_TOKENS, *,
-                  progress: Progress | None = None) -> list[GreedyResult]:
+                  progress: Progress | None = None, params: SamplingParams | None = None,
+                  constraint=None) -> list[GreedyResult]:
     """Greedy-decode each ``(id, prompt, chat)`` target-only, then with each drafter, and compare
     the tokens. ``prompt`` is what :meth:`Engine.stream` takes; ``chat`` applies the template.
-    With batch-dependent kernels, the noise that excuses a near-tie flip is measured on the
-    first prompt's text (:func:`batch_noise`) and reported as each result's ``tolerance``."""
-    greedy = SamplingParams(temperature=0.0)
+    ``params``: penalties and logit bias to decode with (at temperature 0; default none);
+    ``constraint``: what both runs must match. With batch-dependent kernels, the noise that
+    excuses a near-tie flip is measured on the first prompt's text (:func:`batch_noise`) and
+    reported as each result's ``tolerance``."""
+    greedy = (SamplingParams(temperature=0.0) if params is None
+              else replace(params, temperature=0.0, seed=None))
+    shaping = dict(constraint=constraint) if constraint is not None else {}
     dependent = mode_of(engine.target) == BATCH_DEPENDENT
     tolerance = None
     results = []
@@ -236,7 +268,7 @@ def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters:
         if progress:
             progress(f"greedy {pid}: none")
         plain = engine.complete(prompt, max_tokens=max_tokens, drafter="none", sampling=greedy,
-                                chat=chat)
+                                chat=chat, **shaping)
         want = _ids(plain)
         prompt_ids = engine.prompt_tokens(prompt, chat=chat)
         if dependent and tolerance is None and len(want) >= 2:
@@ -247,14 +279,15 @@ def verify_greedy(engine, prompts: Iterable[tuple[str, object, bool]], drafters:
             if progress:
                 progress(f"greedy {pid}: {name}")
             spec = engine.complete(prompt, max_tokens=max_tokens, drafter=name, sampling=greedy,
-                                   chat=chat)
+                                   chat=chat, **shaping)
             got = _ids(spec)
             i = first_divergence(got, want)
             res = GreedyResult(pid, name, len(want), i is None, divergence=i,
-                               drafted=spec.stats.drafted, accepted=spec.stats.accepted)
+                               **dict(zip(("drafted", "accepted", "forced"), _drafts(spec.stats))))
             results.append(res)
             if i is not None:
-                res.gap = top2_gap(engine, prompt_ids + want[:i])
+                res.gap = top2_gap(engine, prompt_ids + want[:i], params=greedy,
+                                   constraint=constraint, prompt_length=len(prompt_ids))
     for res in results:  # (the noise may have been measured after a divergence)
         res.tolerance = tolerance
         res.near_tie = res.gap is not None and tolerance is not None and res.gap <= tolerance
@@ -266,40 +299,45 @@ def _text(engine, ids: Sequence[int]) -> str:
 
 
 def _first_tokens(engine, prompt, drafter: str, params: SamplingParams, n: int, seeds: Iterable[int],
-                  chat: bool) -> tuple[Counter, int, int]:
+                  chat: bool, constraint=None) -> tuple[Counter, int, int, int]:
     counts: Counter = Counter()
-    drafted = accepted = 0
+    drafted = accepted = forced = 0
+    shaping = dict(constraint=constraint) if constraint is not None else {}
     for seed in seeds:
         run = engine.complete(prompt, max_tokens=n, drafter=drafter, chat=chat,
-                              sampling=replace(params, seed=seed))
+                              sampling=replace(params, seed=seed), **shaping)
         counts[tuple(_ids(run))] += 1
-        drafted += run.stats.drafted
-        accepted += run.stats.accepted
-    return counts, drafted, accepted
+        d, a, f = _drafts(run.stats)
+        drafted, accepted, forced = drafted + d, accepted + a, forced + f
+    return counts, drafted, accepted, forced
 
 
 def verify_sampling(engine, prompt, drafters: Sequence[str], params: SamplingParams,
                     tokens: int = DEFAULT_SAMPLE_TOKENS, samples: int = DEFAULT_SAMPLES, *,
                     alpha: float = DEFAULT_ALPHA, permutations: int = DEFAULT_PERMUTATIONS,
-                    chat: bool = True, progress: Progress | None = None) -> list[SamplingResult]:
+                    chat: bool = True, progress: Progress | None = None,
+                    constraint=None) -> list[SamplingResult]:
     """For each drafter, test the distribution of the first ``tokens`` tokens against
-    target-only sampling (``samples`` seeded runs each; target-only seeds 0..samples-1)."""
+    target-only sampling (``samples`` seeded runs each; target-only seeds 0..samples-1), both
+    under ``constraint`` if one is given."""
     if params.greedy:
         raise ValueError("the sampling audit needs a temperature > 0")
     if progress:
         progress(f"sampling: none x {samples}")
-    base, _, _ = _first_tokens(engine, prompt, "none", params, tokens, range(samples), chat)
+    base, _, _, _ = _first_tokens(engine, prompt, "none", params, tokens, range(samples), chat,
+                                  constraint)
     results = []
     for i, name in enumerate(drafters):
         if progress:
             progress(f"sampling: {name} x {samples}")
         seeds = range(SPEC_SEED_BASE * (i + 1), SPEC_SEED_BASE * (i + 1) + samples)
-        counts, drafted, accepted = _first_tokens(engine, prompt, name, params, tokens, seeds, chat)
+        counts, drafted, accepted, forced = _first_tokens(engine, prompt, name, params, tokens,
+                                                          seeds, chat, constraint)
         test = tv_test(base, counts, alpha=alpha, permutations=permutations, seed=i)
         top = [(_text(engine, seq), base[seq], counts[seq])
                for seq, _ in (base + counts).most_common(5)]
         results.append(SamplingResult(name, tokens, samples, test, len(set(base) | set(counts)),
-                                      drafted, accepted, top))
+                                      drafted, accepted, forced, top))
     return results
 
 

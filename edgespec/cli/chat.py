@@ -9,9 +9,12 @@ import click
 from .. import config
 from .options import (
     CONTEXT_SETTINGS,
+    constraint_options,
     load_engine,
+    make_constraint,
     make_sampling,
     model_options,
+    penalty_options,
     sampling_options,
     user_errors,
 )
@@ -20,6 +23,8 @@ from .options import (
 @click.command("chat", context_settings=CONTEXT_SETTINGS)
 @model_options
 @sampling_options
+@penalty_options
+@constraint_options
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=config.DEFAULT_MAX_TOKENS,
               show_default=True, help="Longest answer per turn, in tokens.")
 @click.option("--system", default=None, help="System message for the conversation.")
@@ -27,6 +32,8 @@ from .options import (
 def chat(max_tokens, system, **opts) -> None:
     """Chat in the terminal and watch, live, what speculation buys: each turn's speedup over
     target-only decoding, both measured in that turn.
+
+    --schema, --json-object or --grammar constrain every answer.
 
     Keys: ctrl+q quit, escape stop the answer, ctrl+d drafter, ctrl+k/ctrl+j draft length,
     ctrl+t temperature, ctrl+o colours, ctrl+l clear, ctrl+y copy, ctrl+s save, f1 help.
@@ -36,8 +43,10 @@ def chat(max_tokens, system, **opts) -> None:
     from ..runtime.rpc import on_fatal
 
     sampling = make_sampling(opts)  # bad values fail here, before the screen opens
+    constraint = make_constraint(opts)  # every answer matches it
     settings = ChatSettings(drafter=opts["drafter"], draft_length=opts["draft_length"],
-                            sampling=sampling, max_tokens=max_tokens, system=system)
+                            sampling=sampling, max_tokens=max_tokens, system=system,
+                            constraint=constraint)
     # Load the draft model whenever there is one, so the drafter can be switched in the
     # app; a target without --draft gets one picked for it, or lookup and none only (the app
     # says which).

@@ -18,9 +18,12 @@ from .chat import chat
 from .models import models
 from .options import (
     CONTEXT_SETTINGS,
+    constraint_options,
     load_engine,
+    make_constraint,
     make_sampling,
     model_options,
+    penalty_options,
     read_prompt,
     sampling_options,
     user_errors,
@@ -48,9 +51,16 @@ def cli() -> None:
 @click.argument("prompt", required=False)
 @model_options
 @sampling_options
+@penalty_options
+@constraint_options
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=config.DEFAULT_MAX_TOKENS,
               show_default=True, help="Stop after this many generated tokens.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--logprobs", type=click.IntRange(0, config.MAX_TOP_LOGPROBS), default=None,
+              metavar="N",
+              help="Each token's log-probability under the target's raw logits and its N most "
+                   f"likely alternatives' (0-{config.MAX_TOP_LOGPROBS}): in the --json object, "
+                   "else a table on stderr after the answer.")
 @click.option("--chat/--raw", default=True, show_default=True,
               help="Apply the model's chat template, or send the prompt as is.")
 @click.option("--system", default=None, help="System message (chat mode).")
@@ -60,7 +70,11 @@ def cli() -> None:
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @user_errors
 def complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, debug, **opts) -> None:
-    """Complete PROMPT (or standard input) and stream the answer to stdout."""
+    """Complete PROMPT (or standard input) and stream the answer to stdout.
+
+    With --schema, --json-object or --grammar the answer matches it (unless --max-tokens or
+    a stop string ends it first), and is still exactly what the target samples under it.
+    """
     run = _Run()
     try:
         _complete(run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts)
@@ -74,7 +88,7 @@ def complete(prompt, max_tokens, stop, chat, system, show_stats, as_json, debug,
         # The text already printed stays; with --json, the object says what there was.
         collected = run.collected
         if as_json and collected is not None:
-            click.echo(_json(collected.completion("interrupted").to_dict()))
+            click.echo(_json(run.output(collected.completion("interrupted"))))
         sys.stdout.flush()
         summary = (f" {collected.stats.summary()}"
                    if show_stats and collected is not None and collected.stats is not None else "")
@@ -93,6 +107,40 @@ class _Run:
     """What one ``complete`` has produced so far, so that Ctrl-C can report it."""
 
     collected: Collector | None = None  #: set once the models are loaded
+    #: with --logprobs: one entry per token so far (:func:`_logprob_entry`)
+    logprobs: list[dict] | None = None
+
+    def output(self, completion) -> dict:
+        """The --json object of ``completion``, with the tokens' log-probabilities if asked."""
+        out = completion.to_dict()
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs[: len(completion.tokens)]
+        return out
+
+
+def _logprob_entry(info, target) -> dict:
+    """One token of --json's ``logprobs``: its id, text (its own bytes, any broken UTF-8
+    replaced; a special token that renders as nothing, its vocabulary entry such as
+    ``<|im_end|>``), log-probability, and the alternatives' (OpenAI's shape, plus ids)."""
+    vocab_text = getattr(target, "token_text", None)
+
+    def text(token: int) -> str:
+        piece = target.token_bytes(token).decode("utf-8", "replace")
+        return piece or (vocab_text(token) if vocab_text is not None else "")
+
+    return {"id": info.id, "token": text(info.id), "logprob": info.logprob,
+            "top_logprobs": [{"id": t, "token": text(t), "logprob": lp}
+                             for t, lp in info.top_logprobs]}
+
+
+def _logprob_table(entries: list[dict]) -> str:
+    """--logprobs without --json: one line per token, its log-probability, then the
+    alternatives'."""
+    lines = [f"{'token':>16} {'logprob':>8}  alternatives"]
+    for e in entries:
+        alts = "  ".join(f"{a['token']!r} {a['logprob']:.3f}" for a in e["top_logprobs"])
+        lines.append(f"{e['token']!r:>16} {e['logprob']:8.3f}  {alts}".rstrip())
+    return "\n".join(lines)
 
 
 def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_json, opts) -> None:
@@ -101,30 +149,38 @@ def _complete(run: _Run, prompt, max_tokens, stop, chat, system, show_stats, as_
     text = read_prompt(prompt)
     check_prompt(text)  # validate before loading models
     sampling = make_sampling(opts)
+    constraint = make_constraint(opts)
+    logprobs = opts["logprobs"]
     with load_engine(opts, progress=not as_json) as engine:
         kwargs = dict(max_tokens=max_tokens, sampling=sampling, stop=list(stop), chat=chat,
-                      system=system)
+                      system=system, constraint=constraint, logprobs=logprobs)
         collected = run.collected = Collector()
+        entries = run.logprobs = [] if logprobs is not None else None
         if as_json:  # a worker fault ends the process: the object so far goes out first
             from ..runtime.rpc import on_fatal
 
             on_fatal(lambda message: click.echo(_json(
-                {**collected.completion("error").to_dict(), "error": message})))
+                {**run.output(collected.completion("error")), "error": message})))
         chunk = None
         for chunk in engine.stream(text, **kwargs):
             collected.add(chunk)
+            if entries is not None:
+                entries.extend(_logprob_entry(i, engine.target) for i in chunk.tokens)
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
         assert chunk is not None and chunk.finish_reason is not None
         if as_json:
-            out = collected.completion(chunk.finish_reason).to_dict()
+            out = run.output(collected.completion(chunk.finish_reason))
             choice = engine.draft_choice
             if choice is not None:  # the draft edgespec picked for --target, and why
                 out["draft_choice"] = {"draft": choice.draft, "reason": choice.reason}
             click.echo(_json(out))
             return
         sys.stdout.write("\n")
+        if entries is not None:
+            sys.stdout.flush()
+            click.echo(_logprob_table(entries), err=True)
         if show_stats or chunk.finish_reason == "context":
             note = "" if chunk.finish_reason != "context" else " [context window full]"
             click.echo(f"[{chunk.finish_reason}] {chunk.stats.summary()}{note}", err=True)

@@ -4,7 +4,9 @@ them, reading the prompt, and turning user errors into one ``error:`` line."""
 from __future__ import annotations
 
 import functools
+import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
@@ -126,6 +128,48 @@ def sampling_options(func):
     return func
 
 
+def penalty_options(func):
+    """Penalties and logit bias (llama.cpp's meaning): what :func:`make_sampling` adds to the
+    sampling settings. Commands that take them: ``complete``, ``chat``, ``serve``, ``verify``."""
+    options = [
+        click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+                     help="Lower the logit of each token among the last --repeat-last-n by this, "
+                          "in [-2, 2] (OpenAI's; 0 = off)."),
+        click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+                     help="Lower the logit of each token among the last --repeat-last-n by this "
+                          "times its count there, in [-2, 2] (OpenAI's; 0 = off)."),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True,
+                     help="Divide a repeated token's positive logit by this, multiply a negative "
+                          "one (llama.cpp's; 1 = off)."),
+        click.option("--repeat-last-n", "penalty_last_n", type=int,
+                     default=config.DEFAULT_PENALTY_LAST_N, show_default=True,
+                     help="Tokens the penalties look back over (-1 = the whole context, 0 = off)."),
+        click.option("--logit-bias", "logit_bias", multiple=True, metavar="TOKEN=BIAS",
+                     help="Add BIAS (-100..100) to token id TOKEN's logit (repeatable; -100 "
+                          "bans it)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def constraint_options(func):
+    """Constrained output: ``--schema``, ``--json-object``, ``--grammar``; :func:`make_constraint`
+    reads them. Commands that take them: ``complete``, ``chat``, ``verify``."""
+    options = [
+        click.option("--schema", "schema", metavar="FILE|JSON", default=None,
+                     help="Answer as JSON matching this JSON schema: a file, or the schema "
+                          "itself as JSON text."),
+        click.option("--json-object", is_flag=True, help="Answer as one JSON object."),
+        click.option("--grammar", "grammar", metavar="FILE", default=None,
+                     help="Answer matching this GBNF grammar (llama.cpp's format): a file, or "
+                          "the grammar itself (text with '::=')."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def load_engine(opts: dict, *, progress: bool = True):
     """Load an Engine from the shared model options."""
     from ..runtime.backend import set_verbose
@@ -157,10 +201,114 @@ def load_engine(opts: dict, *, progress: bool = True):
 
 
 def make_sampling(opts: dict):
+    """SamplingParams from :func:`sampling_options` and, where the command has them,
+    :func:`penalty_options`; a ConfigError naming the first bad value."""
     from ..core.sampling import SamplingParams
 
-    return SamplingParams(temperature=opts["temperature"], top_k=opts["top_k"],
-                          top_p=opts["top_p"], min_p=opts["min_p"], seed=opts["seed"])
+    shaping = {name: opts[name] for name in ("presence_penalty", "frequency_penalty",
+                                             "repeat_penalty", "penalty_last_n") if name in opts}
+    bias = parse_logit_bias(opts.get("logit_bias", ()))
+    try:
+        return SamplingParams(temperature=opts["temperature"], top_k=opts["top_k"],
+                              top_p=opts["top_p"], min_p=opts["min_p"], seed=opts["seed"],
+                              logit_bias=bias, **shaping)
+    except ConfigError as err:  # (its messages start with the field's name)
+        message = str(err)
+        if message.startswith("penalty_last_n "):  # the one field named unlike its option
+            raise ConfigError("--repeat-last-n" + message[len("penalty_last_n"):]) from None
+        raise
+
+
+def parse_logit_bias(items) -> dict[int, float]:
+    """``--logit-bias TOKEN=BIAS`` values as {token id: bias} (ranges are checked by
+    SamplingParams)."""
+    bias: dict[int, float] = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep or not token.strip().isdigit():
+                raise ValueError
+            bias_value = float(value)
+        except ValueError:
+            raise ConfigError(f"--logit-bias takes TOKEN=BIAS, a token id and a number "
+                              f"(e.g. 13=-100), got {item!r}") from None
+        if int(token) in bias:
+            raise ConfigError(f"--logit-bias names token {int(token)} twice")
+        bias[int(token)] = bias_value
+    return bias
+
+
+def make_constraint(opts: dict):
+    """The :class:`~edgespec.runtime.constraint.Constraint` that :func:`constraint_options`
+    ask for, or None; checked (compiled without a vocabulary) before any model loads, so a
+    missing file, bad JSON, a bad schema or a bad grammar is one ConfigError naming it."""
+    from ..runtime.constraint import Constraint, check
+
+    schema, grammar = opts.get("schema"), opts.get("grammar")
+    given = [flag for flag, value in (("--schema", schema), ("--json-object",
+                                       opts.get("json_object")), ("--grammar", grammar)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"give one of --schema, --json-object and --grammar, not "
+                          f"{' and '.join(given)}")
+    if not given:
+        return None
+    if schema is not None:
+        constraint = Constraint.json_schema(_schema(schema))
+    elif grammar is not None:
+        constraint = Constraint.grammar(_grammar(grammar))
+    else:
+        constraint = Constraint.json_object()
+    try:
+        check(constraint)
+    except ConfigError as err:
+        raise ConfigError(f"{given[0]}: {_one_line(str(err))}") from None
+    return constraint
+
+
+def _schema(value: str) -> dict:
+    """``--schema``'s JSON schema: inline JSON text (it starts with ``{``) or a file's."""
+    if value.lstrip().startswith("{"):
+        text, where = value, "the schema given"
+    else:
+        where = value
+        text = _read_text(value, "--schema", "a JSON schema, or the schema itself as JSON")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--schema: {where} is not valid JSON: {err}") from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f"--schema: a JSON schema is a JSON object, {where} holds "
+                          f"{type(schema).__name__}")
+    return schema
+
+
+def _grammar(value: str) -> str:
+    """``--grammar``'s GBNF text: a file's, or the value itself where it holds a rule."""
+    if "::=" in value and not Path(value).is_file():
+        return value
+    text = _read_text(value, "--grammar", "a GBNF grammar, or the grammar itself")
+    if not text.strip():
+        raise ConfigError(f"--grammar: {value} is empty")
+    return text
+
+
+def _read_text(path: str, flag: str, what: str) -> str:
+    file = Path(path).expanduser()
+    try:
+        return file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{flag}: no such file {path!r} (give a file holding {what})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{flag}: {path} is a directory, not a file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{flag}: {path} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(f"{flag}: cannot read {path}: {err.strerror or err}") from None
+
+
+def _one_line(message: str) -> str:
+    """A message on one line (llguidance's may span several)."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def read_prompt(prompt: str | None) -> str:

@@ -13,6 +13,7 @@ from .options import (
     load_engine,
     make_sampling,
     model_options,
+    penalty_options,
     sampling_options,
     user_errors,
 )
@@ -24,6 +25,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 @click.command("serve", context_settings=CONTEXT_SETTINGS)
 @model_options
 @sampling_options
+@penalty_options
 @click.option("--host", default=DEFAULT_HOST, show_default=True,
               help="Address to listen on. Anything but loopback needs --allow-remote.")
 @click.option("--port", "-p", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
@@ -49,7 +51,8 @@ def serve(host, port, allow_remote, api_key, max_queue, max_tokens, model_id, lo
 
     Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream or
     not), GET /health, GET /metrics. One generation runs at a time; the others wait in a
-    bounded queue. The sampling options set the defaults of requests that leave them out.
+    bounded queue. The sampling options, penalties and logit bias set the defaults of
+    requests that leave them out.
     Stop with Ctrl-C or SIGTERM.
     """
     from ..server.run import bind_socket, check_api_key, check_host, run_server, url_of

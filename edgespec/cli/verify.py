@@ -11,7 +11,14 @@ import click
 from ..bench import verify as v
 from ..errors import ConfigError
 from ..runtime.kernels import BATCH_DEPENDENT, EXACT_PIECES, describe, mode_of
-from .options import CONTEXT_SETTINGS, model_options, sampling_options, user_errors
+from .options import (
+    CONTEXT_SETTINGS,
+    constraint_options,
+    model_options,
+    penalty_options,
+    sampling_options,
+    user_errors,
+)
 
 #: Drafters that cannot run without a draft model (auto falls back to lookup).
 NEED_DRAFT = ("model", "hybrid")
@@ -24,6 +31,8 @@ FAILED_EXIT = 3
 @click.command("verify", context_settings=CONTEXT_SETTINGS)
 @model_options
 @sampling_options
+@penalty_options
+@constraint_options
 @click.option("--drafters", default=None, metavar="NAME,...",
               help="Drafters to audit (default: every one the loaded models allow).")
 @click.option("--greedy/--no-greedy", default=True, show_default=True,
@@ -57,6 +66,10 @@ def verify(**kw) -> None:
     target-only runs; reported as total variation distance with a bootstrap upper bound and
     a permutation test at --alpha (--temperature 0 skips it). Exit code 0 when every check
     passes, 3 when one fails.
+
+    Penalties, --logit-bias and a constraint (--schema, --json-object, --grammar) apply to
+    both sides of both checks: speculative output is compared with plain decoding under the
+    same ones (give a --prompt the constraint makes sense for).
     """
     _verify(v, **kw)
 
@@ -74,10 +87,11 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
             samples, tokens, alpha, as_json, **opts) -> None:
     from ..bench.prompts import load_prompts, select_prompts
     from ..runtime.drafters import DRAFTER_NAMES
-    from .options import load_engine, make_sampling
+    from .options import load_engine, make_constraint, make_sampling
 
     # Everything the user typed is checked before any model loads.
     params = make_sampling(opts)
+    constraint = make_constraint(opts)
     sampling = params.temperature > 0
     prompts = select_prompts(load_prompts(prompts_file), only) if greedy else []
     names = _parse_drafters(drafters, DRAFTER_NAMES)
@@ -102,10 +116,12 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
                 raise ConfigError(f"drafters {', '.join(sorted(set(names) & set(NEED_DRAFT)))} "
                                   "need a draft model (--draft)")
             g = v.verify_greedy(engine, [(p.id, p.payload, not p.raw) for p in prompts], names,
-                                greedy_tokens, progress=say) if greedy else []
+                                greedy_tokens, progress=say, params=params,
+                                constraint=constraint) if greedy else []
             s = v.verify_sampling(engine, sampling_prompt, names, params, tokens, samples,
-                                  alpha=alpha, chat=chat, progress=say) if sampling else []
-            header = dict(_header(engine, params), sampling_prompt=sampling_prompt,
+                                  alpha=alpha, chat=chat, progress=say,
+                                  constraint=constraint) if sampling else []
+            header = dict(_header(engine, params, constraint), sampling_prompt=sampling_prompt,
                           sampling_chat=chat)
     except KeyboardInterrupt:
         click.echo("\n[interrupted: no verdict]", err=True)
@@ -132,7 +148,7 @@ def _parse_drafters(text: str | None, known) -> list[str] | None:
     return names
 
 
-def _header(engine, params) -> dict:
+def _header(engine, params, constraint=None) -> dict:
     draft = engine.draft.path.name if engine.draft is not None else None
     workers = getattr(engine.target.options, "rpc", ())
     kernels = describe(engine.target)
@@ -148,15 +164,38 @@ def _header(engine, params) -> dict:
         "draft_window": engine.draft_window, "draft_window_mode": engine.draft_window_mode,
         "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
         "min_p": params.min_p,
+        "shaping": _shaping(params),
+        "constraint": constraint.describe() if constraint is not None else None,
     }
+
+
+def _shaping(params) -> str | None:
+    """The penalties and logit bias in use, as the options that set them (None: none)."""
+    if not params.shaped:
+        return None
+    parts = [f"--{name} {value}" for name, value, off in (
+        ("presence-penalty", params.presence_penalty, 0),
+        ("frequency-penalty", params.frequency_penalty, 0),
+        ("repeat-penalty", params.repeat_penalty, 1)) if value != off]
+    if parts:
+        parts.append(f"--repeat-last-n {params.penalty_last_n}")
+    parts += [f"--logit-bias {t}={b:g}" for t, b in params.logit_bias]
+    return " ".join(parts)
 
 
 def format_report(header: dict, greedy, sampling, greedy_tokens: int) -> str:
     """The human-readable audit: one line per check, then the verdict."""
+    #: a constraint's forced tokens get a column of their own (not the drafter's drafts)
+    forced = bool(header.get("constraint"))
     lines = [f"target {header['target']}, draft {header['draft'] or '(none)'}",
              f"kernels: {header['kernels']}"]
     if header.get("draft_window_mode", "off") != "off":
         lines.append(f"draft window: {header['draft_window']} tokens ({header['draft_window_mode']})")
+    if header.get("constraint"):
+        lines.append(f"constraint: {header['constraint']}, on both sides (tokens it forces are "
+                     "drafted ahead: 'forced')")
+    if header.get("shaping"):
+        lines.append(f"shaping: {header['shaping']}, on both sides")
     if greedy:
         prompts = sorted({r.prompt for r in greedy})
         tolerance = greedy[0].tolerance
@@ -170,13 +209,15 @@ def format_report(header: dict, greedy, sampling, greedy_tokens: int) -> str:
         else:
             lines.append("  exact kernels: any difference is a bug")
         lines += [
-                  f"  {'drafter':8} {'equal':>7} {'drafted':>8} {'accepted':>9}  result"]
+                  f"  {'drafter':8} {'equal':>7} {'drafted':>8} {'accepted':>9}"
+                  f"{' ' + 'forced'.rjust(8) if forced else ''}  result"]
         for name in dict.fromkeys(r.drafter for r in greedy):
             rows = [r for r in greedy if r.drafter == name]
             ok = sum(r.equal for r in rows)
             verdict = "PASS" if all(r.passed for r in rows) else "FAIL"
             lines.append(f"  {name:8} {f'{ok}/{len(rows)}':>7} {sum(r.drafted for r in rows):>8} "
-                         f"{sum(r.accepted for r in rows):>9}  {verdict}")
+                         f"{sum(r.accepted for r in rows):>9}"
+                         f"{f' {sum(r.forced for r in rows):>8}' if forced else ''}  {verdict}")
             for r in rows:
                 if not r.equal:
                     if r.near_tie:
@@ -201,14 +242,17 @@ def format_report(header: dict, greedy, sampling, greedy_tokens: int) -> str:
                   f"  noise = TV that equal distributions exceed with probability {alpha} at "
                   f"this size; pass if p > {alpha}",
                   f"  {'drafter':8} {'TV':>6} {'upper':>6} {'noise':>6} {'p':>6} {'outcomes':>9} "
-                  f"{'drafted':>8} {'accepted':>9}  result"]
+                  f"{'drafted':>8} {'accepted':>9}{' ' + 'forced'.rjust(8) if forced else ''}  "
+                  "result"]
         for r in sampling:
             t = r.test
             lines.append(f"  {r.drafter:8} {t.tv:6.3f} {t.tv_upper:6.3f} {t.critical:6.3f} "
-                         f"{t.p_value:6.3f} {r.outcomes:>9} {r.drafted:>8} {r.accepted:>9}  "
+                         f"{t.p_value:6.3f} {r.outcomes:>9} {r.drafted:>8} {r.accepted:>9}"
+                         f"{f' {r.forced:>8}' if forced else ''}  "
                          f"{'PASS' if r.passed else 'FAIL'}")
             if r.drafted == 0:
-                lines.append(f"    ({r.drafter} drafted nothing here: the check is vacuous)")
+                lines.append(f"    ({r.drafter} drafted nothing here: the check is vacuous"
+                             f"{' but for the forced tokens' if r.forced else ''})")
     checks = [*greedy, *sampling]
     failed = sum(not r.passed for r in checks)
     lines += ["", f"verdict: {'PASS' if not failed else 'FAIL'} "
