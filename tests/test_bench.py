@@ -183,15 +183,69 @@ def test_option_parsing():
 # ---- prompts ---------------------------------------------------------------------------------
 
 
-def test_builtin_prompts_cover_edits_code_and_chat():
+def test_builtin_prompts_cover_edits_code_chat_and_structured():
     prompts = load_prompts()
     kinds = [p.kind for p in prompts]
     assert kinds.count("edit") == 3 and kinds.count("code") == 2 and kinds.count("chat") == 2
+    assert kinds.count("structured") == 4
     blocks = code_blocks(prompts)
     assert len(blocks) == 3 and all(40 <= len(b.splitlines()) <= 70 for b in blocks)
     for block in blocks:
         compile(block, "<edit prompt>", "exec")  # real Python
     assert any(p.messages for p in prompts)
+
+
+def test_builtin_structured_prompts_carry_schemas_and_answers_that_match_them():
+    import jsonschema
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    structured = [p for p in load_prompts() if p.kind == "structured"]
+    assert {p.id for p in structured} == {"structured-people", "structured-orders",
+                                          "structured-functions", "structured-tool-call"}
+    assert any(p.messages for p in structured)  # the tool call: the function in a system message
+    for p in structured:
+        schema, answer = json.loads(p.schema), json.loads(p.answer)
+        jsonschema.validate(answer, schema)
+        assert p.to_dict()["schema"] == schema and p.to_dict()["answer"] == answer
+        assert list(schema["properties"]) == list(answer)  # the schema's key order is kept
+        assert "root ::=" in json_schema_to_gbnf(p.schema)  # the reference's grammar
+        assert p.max_tokens and len(p.answer) < 4 * p.max_tokens  # room for the answer
+    # every other kind has neither
+    assert all(p.schema is None and p.answer is None for p in load_prompts() if p.kind != "structured")
+
+
+def test_check_answer():
+    from edgespec.bench.prompts import check_answer
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert check_answer('{"n": 3}', schema) is None
+    assert check_answer('{"n": 3}', json.dumps(schema)) is None
+    assert "not JSON" in check_answer('{"n": 3', schema)
+    assert "'n'" in check_answer('{"n": "three"}', schema)
+    assert "required" in check_answer("{}", schema)
+
+
+_SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "a", "kind": "structured", "prompt": "x"}', "needs a 'schema'"),
+    ('{"id": "a", "kind": "chat", "prompt": "x", "schema": ' + _SCHEMA + '}', "goes with kind structured"),
+    ('{"id": "a", "kind": "chat", "prompt": "x", "answer": {}}', "'answer' goes with a 'schema'"),
+    ('{"id": "a", "kind": "structured", "prompt": "x", "schema": [1]}', "must be a JSON object"),
+    ('{"id": "a", "kind": "structured", "prompt": "x", "schema": {"type": "nope"}}', "bad JSON schema"),
+    ('{"id": "a", "kind": "structured", "prompt": "x", "schema": {"$ref": "#/$defs/none"}}',
+     "bad JSON schema"),
+    ('{"id": "a", "kind": "structured", "prompt": "x", "schema": ' + _SCHEMA + ', "answer": {"a": "b"}}',
+     "'answer' does not match the schema: ['a']"),
+])
+def test_bad_schemas_are_config_errors_naming_the_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "ok", "kind": "structured", "prompt": "fine", "schema": ' + _SCHEMA
+                    + ', "answer": {"a": 1}}\n' + line + "\n")
+    with pytest.raises(ConfigError, match="p.jsonl:2") as err:
+        load_prompts(path)
+    assert message in str(err.value)
 
 
 @pytest.mark.parametrize("line, message", [
@@ -231,6 +285,7 @@ def test_prompt_file_errors(tmp_path):
 def test_select_prompts():
     prompts = load_prompts()
     assert [p.kind for p in select_prompts(prompts, kinds=["chat"])] == ["chat", "chat"]
+    assert len(select_prompts(prompts, kinds=["structured"])) == 4
     assert [p.id for p in select_prompts(prompts, only=["chat-trip", "edit-rename"])] == \
         ["edit-rename", "chat-trip"]
     with pytest.raises(ConfigError, match="no prompt with id nope"):
@@ -320,9 +375,13 @@ class FakeReference:
     def __init__(self, *args, **kwargs):
         FakeReference.kwargs = kwargs
 
+    prompts: list = []
+
     def run(self, config, prompt, max_tokens, sampling) -> Measurement:
-        return Measurement(max_tokens, 40.0, max_tokens / 40.0, 12, max_tokens, 0, 0, 0.0,
-                           0.9 * max_tokens / 40.0, 0.0, "length", time_llama=None)
+        FakeReference.prompts.append(prompt)
+        m = Measurement(max_tokens, 40.0, max_tokens / 40.0, 12, max_tokens, 0, 0, 0.0,
+                        0.9 * max_tokens / 40.0, 0.0, "length", time_llama=None)
+        return m.check(prompt, "x" * max_tokens)
 
     def describe(self):
         return {"llama-cpp-python": {"logits_all": True}, "llama-cpp-python-plain": {}}
@@ -380,6 +439,119 @@ def test_bench_prints_tables_and_writes_json_and_plot(fake_bench):
     assert (tmp / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert FakeReference.closed
     assert doc["settings"]["reference"] == {"llama-cpp-python": {"logits_all": True}}
+
+
+#: the structured fake's vocabulary: printable ASCII, one character a token, then an end token
+_ASCII = [bytes([c]) for c in range(32, 127)]
+_EOS = len(_ASCII)
+_ENUM_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["pet", "ok", "n"],
+                "properties": {"pet": {"enum": ["cat", "dog"]}, "ok": {"type": "boolean"},
+                               "n": {"enum": [1, 22, 333]}}}
+
+
+class _AsciiTokenizer:
+    """What llguidance's TokenizerWrapper reads: the fake's vocabulary, one byte a token."""
+
+    eos_token_id, bos_token_id, special_token_ids = _EOS, None, [_EOS]
+    tokens = [*_ASCII, b"<eos>"]
+
+    def __call__(self, text):
+        return [b - 32 for b in (text.encode() if isinstance(text, str) else text)]
+
+
+@pytest.fixture
+def structured_bench(monkeypatch, tmp_path):
+    """`edgespec bench` over a fake pair whose vocabulary can write JSON (a real llguidance
+    matcher over it), a fake reference, and one structured prompt whose schema leaves a few
+    choices (every answer it allows is short and valid) beside a chat prompt."""
+    import llguidance
+
+    from .fakes import FakeLM, Perturbed
+
+    table = Table(len(_ASCII) + 1, 3)
+    target = FakeLM(table, n_ctx=512, vocab=[*_ASCII, b""], eog=[_EOS])
+    draft = FakeLM(Perturbed(table, 3, 1.0), n_ctx=512, vocab=[*_ASCII, b""], eog=[_EOS])
+    target.constraint_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_AsciiTokenizer()))
+    engine = Engine(target, draft, drafter="hybrid")
+    monkeypatch.setattr(bench_cli, "_load", lambda opts: contextlib.nullcontext(engine))
+    monkeypatch.setattr("edgespec.bench.reference.ReferenceRunner", FakeReference)
+    FakeReference.prompts = []
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "s1", "kind": "structured", "prompt": "Pick a pet as JSON.",
+                    "schema": _ENUM_SCHEMA, "answer": {"pet": "cat", "ok": True, "n": 22},
+                    "max_tokens": 60}) + "\n"
+        '{"id": "t1", "kind": "chat", "prompt": "hello there"}\n')
+
+    def invoke(*args):
+        return CliRunner().invoke(cli, ["bench", "--prompts", str(prompts), "--json",
+                                        str(tmp_path / "r.json"), *args])
+
+    return invoke, tmp_path
+
+
+def test_structured_prompts_run_under_their_schema_and_report_validity_and_forced_share(
+        structured_bench):
+    invoke, tmp = structured_bench
+    res = invoke("--drafters", "none,lookup,model,llama-cpp-python-plain", "--repeats", "2",
+                 "-n", "12", "--temperature", "0,0.8", "--no-warmup")
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp / "r.json").read_text())
+    runs = [r for r in doc["runs"] if r["prompt"] == "s1"]
+    assert len(runs) == 2 * 2 * 4
+    for r in runs:
+        if r["config"] == "llama-cpp-python-plain":  # the fake reference's answer: not JSON
+            assert r["valid"] is False and r["invalid"].startswith("not JSON") and r["forced"] is None
+            continue
+        text = r["detail"]["text"]
+        assert json.loads(text) in [{"pet": p, "ok": ok, "n": n} for p in ("cat", "dog")
+                                    for ok in (True, False) for n in (1, 22, 333)], text
+        assert r["valid"] is True and r["invalid"] is None and r["finish_reason"] == "stop"
+        by = r["detail"]["stats"]["by_drafter"]
+        if r["config"] == "none":  # plain decoding drafts nothing, the grammar's tokens neither
+            assert r["forced"] == 0 and "forced" not in by
+        else:  # the keys and punctuation are forced: most of the answer
+            assert r["forced"] == by["forced"]["accepted"] == by["forced"]["drafted"]
+            assert r["forced"] >= r["generated"] / 2
+    # the chat prompt is unconstrained and unchecked
+    assert all(r["valid"] is None and r["forced"] is None and "text" not in r["detail"]
+               for r in doc["runs"] if r["prompt"] == "t1")
+    # the reference got the prompt with its schema
+    assert {p.id for p in FakeReference.prompts if p.schema} == {"s1"}
+    per = {(a["temperature"], a["prompt"], a["config"]): a for a in doc["aggregates"]["per_prompt"]}
+    lookup = per[0.0, "s1", "lookup"]
+    assert lookup["checked"] == lookup["valid"] == 2
+    assert lookup["forced_share"] == pytest.approx(
+        sum(r["forced"] for r in runs if r["config"] == "lookup" and r["temperature"] == 0)
+        / sum(r["generated"] for r in runs if r["config"] == "lookup" and r["temperature"] == 0))
+    assert per[0.0, "s1", "none"]["forced_share"] == 0.0
+    assert per[0.0, "s1", "llama-cpp-python-plain"]["valid"] == 0
+    assert per[0.0, "s1", "llama-cpp-python-plain"]["forced_share"] is None
+    assert per[0.0, "t1", "lookup"]["checked"] is None
+    overall = {(o["temperature"], o["config"]): o for o in doc["aggregates"]["overall"]}
+    assert overall[0.8, "model"]["checked"] == overall[0.8, "model"]["valid"] == 2
+    assert set(overall[0.0, "lookup"]["ratio_vs_none_by_kind"]) == {"structured", "chat"}
+    assert doc["prompts"][0]["schema"] == _ENUM_SCHEMA
+    # the tables: valid and forced columns, dashes where a prompt is not structured
+    lines = res.output.splitlines()
+    header = next(line for line in lines if line.startswith("prompt "))
+    assert header.split()[-2:] == ["valid", "forced"]
+    row = next(line for line in lines if line.startswith("s1 ")).split()
+    assert row[-2] == "2/2" and row[-1].endswith("%")
+    chat_rows = [line.split() for line in lines if line.startswith("t1 ")]
+    assert chat_rows and all(r[-2:] == ["-", "-"] for r in chat_rows)
+    overall_header = next(line for line in lines if line.startswith("drafter "))
+    assert "structured" in overall_header.split() and overall_header.split()[-2:] == ["valid", "forced"]
+    assert "forced = share of the generated tokens the grammar alone allowed" in res.output
+
+
+def test_tables_have_no_structured_columns_without_structured_prompts(fake_bench):
+    invoke, tmp = fake_bench
+    res = invoke("--drafters", "none,lookup", "-n", "4", "--repeats", "1", "--no-warmup")
+    assert res.exit_code == 0, res.output
+    assert "valid" not in res.output and "forced" not in res.output
+    header = next(line for line in res.output.splitlines() if line.startswith("drafter ")).split()
+    assert header[7:10] == ["edit", "code", "chat"] and "structured" not in header
 
 
 def test_the_reference_runs_with_the_targets_offload_and_the_settings_record_it(fake_bench):
@@ -753,3 +925,79 @@ def test_recorded_needs_overhead_and_no_vocab(tmp_path):
                                    str(tmp_path / "r.npz")])
     assert res.exit_code != 0 and "--vocab and --recorded" in res.output
     assert "Traceback" not in res.output
+
+
+# ---- the mask's cost (--overhead --structured) -------------------------------------------------
+
+
+def test_answers_are_laid_out_in_the_schemas_key_order():
+    from edgespec.bench.masks import answer_text, laid_out
+
+    schema = {"type": "object", "properties": {
+        "b": {"type": "array", "items": {"type": "object", "properties": {"y": {}, "x": {}}}},
+        "a": {"type": "integer"}}}
+    value = {"a": 1, "extra": True, "b": [{"x": 1, "y": 2}, {"x": 3}]}
+    assert json.dumps(laid_out(value, schema)) == \
+        '{"b": [{"y": 2, "x": 1}, {"x": 3}], "a": 1, "extra": true}'
+    prompt = BenchPrompt("s", "structured", "x", schema=json.dumps(schema),
+                         answer=json.dumps({"a": 1, "b": []}))
+    assert answer_text(prompt, schema) == '{"b": [], "a": 1}'
+    with pytest.raises(ConfigError, match="no 'answer'"):
+        answer_text(BenchPrompt("s", "structured", "x", schema="{}"), schema)
+
+
+def test_llguidance_walk_times_every_position_and_refuses_an_answer_off_the_schema():
+    import llguidance
+
+    from edgespec.bench.masks import walk_llguidance
+    from edgespec.runtime.constraint import Constraint
+
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_AsciiTokenizer()))
+    constraint = Constraint.json_schema(_ENUM_SCHEMA)
+    row = np.zeros(len(_ASCII) + 1, np.float32)
+    text = json.dumps({"n": 22, "ok": False, "pet": "dog"})  # (the compiled schema's key order)
+    tokens = _AsciiTokenizer()(text)
+    walk = walk_llguidance(constraint, tokenizer, len(row), tokens, row)
+    assert set(walk) == {"mask", "bits", "apply", "advance"}
+    assert len(walk["mask"]) == len(tokens) + 1 and len(walk["advance"]) == len(tokens)
+    assert np.allclose(walk["mask"], walk["bits"] + walk["apply"]) and (walk["mask"] > 0).all()
+    bad = _AsciiTokenizer()(text.replace("dog", "pig"))
+    with pytest.raises(ConfigError, match=f"token {text.index('dog')} "):
+        walk_llguidance(constraint, tokenizer, len(row), bad, row)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--structured"], "--structured is an option of --overhead"),
+    (["--overhead", "--structured", "--vocab", "100"], "drop --recorded, --vocab"),
+    (["--overhead", "--structured", "--only", "chat-trip"], "no prompt left"),
+])
+def test_structured_overhead_option_errors(args, message):
+    res = CliRunner().invoke(cli, ["bench", *args])
+    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
+
+
+def test_structured_overhead_needs_prompts_with_answers(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "s", "kind": "structured", "prompt": "x",
+                                   "schema": _ENUM_SCHEMA}) + "\n")
+    res = CliRunner().invoke(cli, ["bench", "--overhead", "--structured", "--prompts", str(prompts)])
+    assert res.exit_code == 2 and "has a schema and an 'answer'" in res.output
+
+
+def test_llama_cpps_tools_leave_structured_prompts_out_with_a_note(monkeypatch):
+    from edgespec.core.sampling import SamplingParams
+
+    monkeypatch.setattr(bench_cli.anchors_mod, "settings_from_engine", lambda engine, **kw: "s")
+    target, draft = pair(16, n_ctx=512)
+    engine = Engine(target, draft, drafter="hybrid")
+    chat = BenchPrompt("c", "chat", "hello")
+    structured = BenchPrompt("s", "structured", "pick", schema=json.dumps(_ENUM_SCHEMA))
+    notes, said = [], []
+    settings, prompts = bench_cli._anchor_plan(engine, [structured, chat], 8, {"draft_length": None},
+                                               SamplingParams(), notes, said.append)
+    assert settings == "s" and [p.id for p in prompts] == ["c"]
+    assert notes == said and "structured prompts left out" in notes[0]
+    notes.clear()
+    assert bench_cli._anchor_plan(engine, [structured], 8, {"draft_length": None},
+                                  SamplingParams(), notes, said.append) is None
+    assert len(notes) == 1

@@ -83,3 +83,73 @@ def test_memory_scenario_runs_each_side_in_a_fresh_process(tiny_path):
         assert isinstance(s["within_bound"], bool)
     assert abs(sides["edgespec-none"]["prompt_tokens"] - sides["llama-cpp-python"]["prompt_tokens"]) <= 1
     assert sides["llama-cpp-python"]["logits_all"] is True
+
+
+#: a schema that leaves the model a few choices, and an answer well within the tokens given
+PET_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["pet", "ok", "n"],
+              "properties": {"pet": {"enum": ["cat", "dog"]}, "ok": {"type": "boolean"},
+                             "n": {"enum": [1, 22, 333]}}}
+
+
+def test_bench_answers_structured_prompts_under_their_schema_on_both_sides(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "pet", "kind": "structured", "max_tokens": 48,
+                                   "prompt": "Which pet do you like, is it ok, and a number? JSON.",
+                                   "schema": PET_SCHEMA}) + "\n")
+    out = tmp_path / "results.json"
+    res = run_cli("bench", "--pair", "tiny", "--prompts", str(prompts), "--repeats", "1",
+                  "--no-warmup", "--drafters", "none,lookup,llama-cpp-python-plain",
+                  "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    print(res.stdout)
+    doc = json.loads(out.read_text())
+    runs = {r["config"]: r for r in doc["runs"]}
+    assert set(runs) == {"none", "lookup", "llama-cpp-python-plain"}
+    for config, r in runs.items():
+        assert r["valid"] is True, (config, r["invalid"], r["detail"]["text"])
+        assert r["finish_reason"] == "stop"
+        assert json.loads(r["detail"]["text"])["pet"] in ("cat", "dog")
+    assert runs["none"]["forced"] == 0 and runs["llama-cpp-python-plain"]["forced"] is None
+    # the keys and punctuation: drafted by the grammar alone, every one accepted
+    forced = runs["lookup"]["detail"]["stats"]["by_drafter"]["forced"]
+    assert runs["lookup"]["forced"] == forced["accepted"] == forced["drafted"] >= 8
+    # edgespec lays JSON out in one way: greedy, with and without drafts, the same answer
+    assert runs["none"]["detail"]["text"] == runs["lookup"]["detail"]["text"]
+    assert "valid" in res.stdout and "forced" in res.stdout
+
+
+def test_overhead_structured_walks_both_masks_along_an_answer(tmp_path):
+    out = tmp_path / "masks.json"
+    res = run_cli("bench", "--overhead", "--structured", "--pair", "tiny",
+                  "--only", "structured-tool-call", "-r", "1", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    print(res.stdout)
+    doc = json.loads(out.read_text())["structured_overhead"]
+    assert doc["vocab"] == 49152 and doc["repeats"] == 1
+    [entry] = doc["prompts"]
+    assert entry["prompt"] == "structured-tool-call" and entry["tokens"] > 60
+    assert set(entry["llguidance"]) == {"mask", "bits", "apply", "advance"}
+    assert set(entry["llama_cpp_grammar"]) == {"mask", "advance"}
+    for method in ("llguidance", "llama_cpp_grammar"):
+        for part in entry[method].values():
+            assert 0 < part["median"] <= part["p90"] and part["mean"] > 0
+    assert doc["all"]["tokens"] == entry["tokens"]
+    assert "llguidance mask (bits + apply)" in res.stdout
+    assert "llama.cpp grammar mask (apply)" in res.stdout
+
+
+def test_grammar_walk_refuses_an_answer_off_the_schema(tiny_path):
+    import numpy as np
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from edgespec.bench.masks import Vocabulary, walk_grammar
+    from edgespec.errors import ConfigError
+
+    gbnf = json_schema_to_gbnf(json.dumps(PET_SCHEMA))
+    with Vocabulary(tiny_path) as vocabulary:
+        row = np.zeros(vocabulary.n_vocab, np.float32)
+        good = vocabulary.tokenize('{"pet": "dog", "ok": true, "n": 333}')
+        walk = walk_grammar(vocabulary, gbnf, good, row)
+        assert len(walk["mask"]) == len(good) + 1 and len(walk["advance"]) == len(good)
+        with pytest.raises(ConfigError, match="not allowed by llama.cpp's grammar"):
+            walk_grammar(vocabulary, gbnf, vocabulary.tokenize('{"pet": "cow"}'), row)

@@ -5,11 +5,22 @@ One JSON object per line::
     {"id": "edit-rename", "kind": "edit", "prompt": "Rename ...", "max_tokens": 256}
     {"id": "chat-trip", "kind": "chat", "messages": [{"role": "user", "content": "..."}]}
 
+    {"id": "structured-orders", "kind": "structured", "prompt": "Turn the orders ...",
+     "schema": {"type": "object", ...}, "answer": {"orders": [...]}, "max_tokens": 320}
+
 ``id`` (unique), ``kind`` (``edit``: copy-heavy edits of given code; ``code``: free code
-generation; ``chat``: plain chat), and exactly one of ``prompt`` (a string, sent as one user
-message through the chat template) or ``messages`` (a list of ``{"role", "content"}``).
-Optional: ``max_tokens`` (overrides ``--max-tokens``) and ``raw`` (``true``: no chat template;
-only with ``prompt``). Blank lines and lines starting with ``#`` are skipped.
+generation; ``chat``: plain chat; ``structured``: JSON answers under a JSON schema), and
+exactly one of ``prompt`` (a string, sent as one user message through the chat template) or
+``messages`` (a list of ``{"role", "content"}``). Optional: ``max_tokens`` (overrides
+``--max-tokens``) and ``raw`` (``true``: no chat template; only with ``prompt``).
+
+A ``structured`` prompt carries its ``schema`` (a JSON schema, compiled by llguidance when the
+file loads: a bad one is a ConfigError naming the line): every configuration answers under it
+(edgespec through ``json_schema=``, llama-cpp-python through its grammar made from the schema),
+and each answer is checked against it (:func:`check_answer`). Its optional ``answer`` is a
+valid answer (checked when the file loads), the text ``bench --overhead --structured`` walks
+the masks along (:mod:`edgespec.bench.masks`). Blank lines and lines starting with ``#`` are
+skipped.
 """
 
 from __future__ import annotations
@@ -23,10 +34,12 @@ from typing import Callable, Iterator, Sequence
 
 from ..errors import ConfigError
 
-KINDS = ("edit", "code", "chat")
+KINDS = ("edit", "code", "chat", "structured")
+#: The kind whose prompts carry a JSON schema.
+STRUCTURED = "structured"
 BUILTIN_PROMPTS = Path(__file__).with_name("data") / "prompts.jsonl"
 
-_FIELDS = {"id", "kind", "prompt", "messages", "max_tokens", "raw"}
+_FIELDS = {"id", "kind", "prompt", "messages", "max_tokens", "raw", "schema", "answer"}
 _ROLES = {"system", "user", "assistant"}
 _CODE_BLOCK = re.compile(r"```[a-z]*\n(.*?)```", re.S)
 
@@ -41,6 +54,10 @@ class BenchPrompt:
     messages: tuple[dict[str, str], ...] | None = None
     max_tokens: int | None = None
     raw: bool = False
+    #: ``structured``: the JSON schema every answer must match, as JSON text (its key order kept)
+    schema: str | None = None
+    #: ``structured``, optional: a valid answer, as JSON text
+    answer: str | None = None
 
     @property
     def payload(self) -> str | list[dict[str, str]]:
@@ -63,6 +80,10 @@ class BenchPrompt:
             out["max_tokens"] = self.max_tokens
         if self.raw:
             out["raw"] = True
+        if self.schema is not None:
+            out["schema"] = json.loads(self.schema)
+        if self.answer is not None:
+            out["answer"] = json.loads(self.answer)
         return out
 
 
@@ -113,7 +134,55 @@ def parse_prompt(obj: object, where: str) -> BenchPrompt:
         raise ConfigError(f"{where}: 'raw' must be true or false")
     if raw and messages is not None:
         raise ConfigError(f"{where}: 'raw' needs 'prompt' (messages always use the chat template)")
-    return BenchPrompt(pid, kind, prompt, messages, max_tokens, raw)
+    schema, answer = _parse_schema(obj, kind, where)
+    return BenchPrompt(pid, kind, prompt, messages, max_tokens, raw, schema, answer)
+
+
+def _parse_schema(obj: dict, kind: str, where: str) -> tuple[str | None, str | None]:
+    """A structured prompt's schema (compiled by llguidance: a bad one is a ConfigError) and
+    answer (checked against it), as JSON text; (None, None) for the other kinds."""
+    from ..runtime.constraint import Constraint, check
+
+    if "schema" not in obj:
+        if kind == STRUCTURED:
+            raise ConfigError(f"{where}: a structured prompt needs a 'schema' (a JSON schema)")
+        if "answer" in obj:
+            raise ConfigError(f"{where}: 'answer' goes with a 'schema' (kind structured)")
+        return None, None
+    if kind != STRUCTURED:
+        raise ConfigError(f"{where}: 'schema' goes with kind structured, not {kind}")
+    try:
+        check(Constraint.json_schema(obj["schema"]))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    schema = json.dumps(obj["schema"])
+    answer = None
+    if "answer" in obj:
+        answer = json.dumps(obj["answer"])
+        problem = check_answer(answer, schema)
+        if problem is not None:
+            raise ConfigError(f"{where}: 'answer' does not match the schema: {problem}")
+    return schema, answer
+
+
+def check_answer(text: str, schema: str | dict) -> str | None:
+    """Why ``text`` is not a valid answer under ``schema`` (it does not parse as JSON, or,
+    where ``jsonschema`` is installed, does not match), or None when it is valid."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"not JSON ({err.msg} at character {err.pos})"
+    try:
+        import jsonschema
+    except ImportError:  # (a test dependency): parsing is the check
+        return None
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
+    if error is None:
+        return None
+    path = "".join(f"[{p!r}]" for p in error.absolute_path)
+    return f"{path or 'the answer'}: {error.message}"
 
 
 def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:

@@ -17,6 +17,13 @@ there, never the reference on the CPU next to edgespec's GPU figures. Generation
 ``create_chat_completion`` (or ``create_completion`` for raw prompts) with ``stream=True``, as an
 application would call it.
 
+On a structured prompt (one with a JSON schema) both run llama-cpp-python's own constrained
+path: ``grammar=LlamaGrammar.from_json_schema(schema)``, llama.cpp's GBNF grammar converted
+from the schema by llama-cpp-python (made once per prompt and reused; llama.cpp parses it into
+a fresh grammar sampler at the start of each generation, before the first token). llama.cpp's
+sampler chain then applies the grammar to every token's whole row. The answer is checked as
+edgespec's are.
+
 What is measured, by wrapping the instance's own methods (no change to llama-cpp-python):
 each ``sample`` call is one sampled token, timestamped; each ``eval`` call is one target call
 (round), the first being the prompt prefill; each call of the draft model proposes one round's
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from ..core.sampling import SamplingParams
 from ..errors import ModelError
@@ -63,12 +71,15 @@ class ReferenceRunner:
         #: layers offloaded, as edgespec's target (``ModelOptions.n_gpu_layers``; -1 = all)
         self.n_gpu_layers = n_gpu_layers
         self._llamas: dict[str, object] = {}
+        self._grammars: dict[str, Any] = {}  #: LlamaGrammar per schema (JSON text)
         self._rec = _Recorder()
 
     def describe(self) -> dict:
         """Each reference configuration's ``Llama`` settings, for the results' settings."""
         shared = {"n_batch": N_BATCH, "n_gpu_layers": self.n_gpu_layers, "flash_attn": False,
-                  "kernels": "fast (llama.cpp defaults)"}
+                  "kernels": "fast (llama.cpp defaults)",
+                  "structured": "grammar=LlamaGrammar.from_json_schema(schema) (llama.cpp's "
+                                "grammar sampler)"}
         return {
             "llama-cpp-python": {
                 "draft_model": f"LlamaPromptLookupDecoding(num_pred_tokens={self.num_pred_tokens})",
@@ -135,6 +146,15 @@ class ReferenceRunner:
         self._llamas[name] = llm
         return llm
 
+    def _grammar(self, schema: str):
+        """llama-cpp-python's grammar for a JSON schema (its own conversion to GBNF)."""
+        grammar = self._grammars.get(schema)
+        if grammar is None:
+            from llama_cpp import LlamaGrammar
+
+            grammar = self._grammars[schema] = LlamaGrammar.from_json_schema(schema, verbose=False)
+        return grammar
+
     def run(self, config: Config, prompt: BenchPrompt, max_tokens: int,
             sampling: SamplingParams) -> Measurement:
         llm = self._llama(config.drafter)
@@ -142,17 +162,23 @@ class ReferenceRunner:
         kwargs = dict(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
                       top_p=sampling.top_p, min_p=sampling.min_p, seed=sampling.seed or 0,
                       repeat_penalty=1.0, stream=True)
+        if prompt.schema is not None:
+            kwargs["grammar"] = self._grammar(prompt.schema)
         finish = None
+        pieces: list[str] = []
         try:
             if prompt.raw:
                 chunks = llm.create_completion(prompt.prompt, **kwargs)
             else:
                 chunks = llm.create_chat_completion(prompt.as_messages(), **kwargs)
             for chunk in chunks:
-                finish = chunk["choices"][0].get("finish_reason") or finish
+                choice = chunk["choices"][0]
+                finish = choice.get("finish_reason") or finish
+                pieces.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
         except ValueError as err:  # llama-cpp-python's errors, e.g. a prompt over the context
             raise ModelError(f"{config.drafter} on prompt {prompt.id}: {err}") from None
-        return measure(rec, finish or "length", logits_all=config.drafter == "llama-cpp-python")
+        m = measure(rec, finish or "length", logits_all=config.drafter == "llama-cpp-python")
+        return m.check(prompt, "".join(pieces))
 
     def close(self) -> None:
         for llm in self._llamas.values():

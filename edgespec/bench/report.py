@@ -63,6 +63,7 @@ def print_report(doc: dict, echo: Echo) -> None:
     if not agg:
         echo("no completed runs")
         return
+    structured = any(a.get("checked") for a in agg["per_prompt"])
     for temp in sorted({a["temperature"] for a in agg["per_prompt"]}):
         echo("")
         echo(f"{_temp_title(temp)}: median of {s.get('repeats')} repeat(s), up to "
@@ -82,18 +83,19 @@ def print_report(doc: dict, echo: Echo) -> None:
                 "-" if plain else _num(a["mean_accepted"], "{:.2f}"),
                 _num(a["tokens_per_round"], "{:.2f}"),
                 _pct(split["drafting"]), _pct(split["target"]), _pct(split["sampling"]),
-                _pct(split["other"]),
+                _pct(split["other"]), *(_structured_cells(a) if structured else ()),
             ])
             last = a["prompt"]
         for line in table(["prompt", "drafter", "tok/s", "x none", "accept", "acc/rnd", "tok/rnd",
-                           "draft", "target", "sample", "other"], rows):
+                           "draft", "target", "sample", "other",
+                           *(("valid", "forced") if structured else ())], rows):
             echo(line)
 
         echo("")
         echo(f"overall, {_temp_title(temp)}: x none is the geometric mean over prompts of "
              "median(drafter) / median(none)")
         rows = []
-        kinds = ["edit", "code", "chat"]
+        kinds = ["edit", "code", "chat", *(["structured"] if structured else [])]
         for o in agg["overall"]:
             if o["temperature"] != temp or o["draft_length"] is not None:
                 continue
@@ -108,15 +110,23 @@ def print_report(doc: dict, echo: Echo) -> None:
                 "-" if plain else _num(o["mean_accepted"], "{:.2f}"),
                 _num(o["tokens_per_round"], "{:.2f}"),
                 _pct(o["outside_llama"]), _ratio(o["ratio_vs_reference"]),
+                *(_structured_cells(o) if structured else ()),
             ])
-        for line in table(["drafter", "tok/s", "x none", "min x none", *kinds, "accept",
-                           "acc/rnd", "tok/rnd", "outside", "x lcp"], rows, right=set(range(1, 13)) - {3}):
+        header = ["drafter", "tok/s", "x none", "min x none", *kinds, "accept", "acc/rnd",
+                  "tok/rnd", "outside", "x lcp", *(("valid", "forced") if structured else ())]
+        for line in table(header, rows, right=set(range(1, len(header))) - {3}):
             echo(line)
     echo("")
     echo("accept = accepted / drafted tokens; acc/rnd = accepted drafts per target call; "
          "tok/rnd = tokens per target call; draft/target/sample/other = share of decoding time; "
          "outside = share of decoding outside llama.cpp's decode calls (Python, sampling, drafting); "
          "x lcp = speedup over llama-cpp-python's prompt-lookup path")
+    if structured:
+        echo("structured prompts: every configuration answers under the prompt's JSON schema "
+             "(edgespec: llguidance's masks; llama-cpp-python: its grammar from the schema, "
+             "llama.cpp's grammar sampler); valid = answers that parse and match the schema; "
+             "forced = share of the generated tokens the grammar alone allowed, drafted as "
+             "source forced (none drafts nothing)")
     for r in agg.get("temperature_retention", []):
         if r["config"] in _PLAIN or "@" in r["config"]:
             continue
@@ -131,6 +141,13 @@ def print_report(doc: dict, echo: Echo) -> None:
              f"outside {basis} (Python overhead)")
     if agg.get("by_length"):
         print_lengths(agg["by_length"], echo)
+
+
+def _structured_cells(a: dict) -> list[str]:
+    """``valid`` (valid / checked answers) and ``forced`` of a structured aggregate, else dashes."""
+    if not a.get("checked"):
+        return ["-", "-"]
+    return [f"{a['valid']}/{a['checked']}", _pct(a["forced_share"])]
 
 
 def print_anchors(doc: dict, echo: Echo) -> None:

@@ -12,12 +12,19 @@ Speeds are tokens per second of decoding with the prompt prefill excluded, for b
 the repeats divided by the median speed of ``none`` (plain decoding through edgespec's loop) on
 the same prompt, measured in the same run; overall, the geometric mean of those per-prompt ratios.
 
+On a ``structured`` prompt every configuration answers under the prompt's JSON schema
+(edgespec's through ``json_schema=``, llama-cpp-python's through its grammar made from the
+schema); each answer is checked (:func:`~edgespec.bench.prompts.check_answer`), and the runs
+report validity and the forced share: the generated tokens the grammar alone allowed, drafted
+as source ``forced`` (``none`` drafts nothing, so it has none).
+
 Aggregation works on plain run dicts (the ``runs`` of the JSON results), so a saved result can be
 re-aggregated. This module does not print: the report is :mod:`edgespec.bench_report`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -33,7 +40,7 @@ from ..core.sampling import SamplingParams
 from ..errors import ConfigError
 from ..runtime.kernels import describe, mode_of
 from .anchors import TOOLS as ANCHOR_TOOLS
-from .prompts import WARMUP_PROMPT, BenchPrompt
+from .prompts import KINDS, WARMUP_PROMPT, BenchPrompt, check_answer
 
 SCHEMA = "edgespec-bench/1"
 
@@ -138,6 +145,10 @@ class Measurement:
     the time inside llama.cpp's decode calls (None when not measured). ``rounds`` counts target
     calls (the prefill's last row counts as the first round for the reference, as edgespec's
     first round scores the prompt's last token).
+
+    Structured prompts only (None elsewhere): ``valid``, whether the answer parses and matches
+    the schema (``invalid`` says why not), and ``forced``, the generated tokens that were drafts
+    of the grammar alone (edgespec's source ``forced``; None for the reference, which has none).
     """
 
     generated: int
@@ -154,6 +165,18 @@ class Measurement:
     time_llama: float | None = None
     draft_length_hist: dict[str, int] | None = None
     detail: dict = field(default_factory=dict)
+    valid: bool | None = None
+    invalid: str | None = None
+    forced: int | None = None
+
+    def check(self, prompt: BenchPrompt, text: str) -> "Measurement":
+        """Record whether ``text`` is a valid answer to a structured ``prompt`` (and the text,
+        in ``detail``); nothing for the other prompts."""
+        if prompt.schema is not None:
+            self.invalid = check_answer(text, prompt.schema)
+            self.valid = self.invalid is None
+            self.detail["text"] = text
+        return self
 
     @property
     def time_other(self) -> float:
@@ -205,11 +228,13 @@ class EdgespecRunner:
             prefill(draft, tokens)
 
     def run(self, config, prompt, max_tokens, sampling) -> Measurement:
+        constrained = {} if prompt.schema is None else {"json_schema": prompt.schema}
         out = self.engine.complete(prompt.payload, max_tokens=max_tokens, sampling=sampling,
                                    drafter=config.drafter, draft_length=config.draft_length,
-                                   chat=not prompt.raw)
+                                   chat=not prompt.raw, **constrained)
         s = out.stats
         stats_dict = s.to_dict()
+        forced = s.by_drafter.get("forced")
         return Measurement(
             generated=s.generated, tokens_per_second=s.tokens_per_second,
             decode_time=s.decode_time, prompt_tokens=s.prompt_tokens, rounds=s.rounds,
@@ -218,7 +243,8 @@ class EdgespecRunner:
             finish_reason=out.finish_reason, time_llama=getattr(s, "time_llama", None),
             draft_length_hist=_draft_length_hist(stats_dict),
             detail={"stats": stats_dict},
-        )
+            forced=(forced.accepted if forced is not None else 0) if constrained else None,
+        ).check(prompt, out.text)
 
 
 class Runners:
@@ -381,6 +407,19 @@ def _pooled(runs: Sequence[dict]) -> dict:
     }
 
 
+def _structured(runs: Sequence[dict]) -> dict:
+    """Validity and the forced share of the runs on structured prompts (None elsewhere):
+    ``valid`` of ``checked`` answers; ``forced_share``, forced tokens over generated ones,
+    pooled over the runs that count forced tokens (edgespec's)."""
+    checked = [r for r in runs if r.get("valid") is not None]
+    counted = [r for r in checked if r.get("forced") is not None]
+    generated = sum(r["generated"] for r in counted)
+    return {"checked": len(checked) if checked else None,
+            "valid": sum(bool(r["valid"]) for r in checked) if checked else None,
+            "forced_share": (sum(r["forced"] for r in counted) / generated
+                             if generated else None)}
+
+
 def _merge_hists(runs: Sequence[dict]) -> dict[str, int] | None:
     hists = [r.get("draft_length_hist") for r in runs if r.get("draft_length_hist")]
     if not hists:
@@ -413,7 +452,7 @@ def aggregate(runs: Sequence[dict], reference: str = REFERENCE_DRAFTERS[0]) -> d
             "ratio_vs_none": _ratio(tps, medians.get((temp, prompt, BASELINE))),
             "ratio_vs_reference": _ratio(tps, medians.get((temp, prompt, reference))),
             "draft_length_hist": _merge_hists(rs),
-            **_pooled(rs),
+            **_pooled(rs), **_structured(rs),
         })
     per_prompt.sort(key=lambda a: (a["temperature"], _first_seen(runs, a["prompt"]), order[a["config"]]))
 
@@ -425,7 +464,8 @@ def aggregate(runs: Sequence[dict], reference: str = REFERENCE_DRAFTERS[0]) -> d
             rs = [r for r in runs if r["temperature"] == temp and r["config"] == config]
             ratios = [(a["ratio_vs_none"], a["prompt"]) for a in rows if a["ratio_vs_none"] is not None]
             worst = min(ratios) if ratios else (None, None)
-            kinds = sorted({a["kind"] for a in rows}, key=["edit", "code", "chat"].index)
+            kinds = sorted({a["kind"] for a in rows},
+                           key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS))
             overall.append({
                 "temperature": temp, "config": config, "drafter": rows[0]["drafter"],
                 "draft_length": rows[0]["draft_length"], "prompts": len(rows),
@@ -437,7 +477,7 @@ def aggregate(runs: Sequence[dict], reference: str = REFERENCE_DRAFTERS[0]) -> d
                 "ratio_vs_reference": geometric_mean([a["ratio_vs_reference"] for a in rows]),
                 "tokens_per_second": median([a["tokens_per_second"] for a in rows]),
                 "draft_length_hist": _merge_hists(rs),
-                **_pooled(rs),
+                **_pooled(rs), **_structured(rs),
             })
     return {"per_prompt": per_prompt, "overall": overall,
             "by_length": _by_length(overall), "temperature_retention": _retention(overall)}
@@ -627,7 +667,9 @@ def build_document(*, settings: dict, machine: dict, prompts: Sequence[BenchProm
         "complete": complete,
         "settings": settings,
         "machine": machine,
-        "prompts": [{"id": p.id, "kind": p.kind, "max_tokens": p.max_tokens} for p in prompts],
+        "prompts": [{"id": p.id, "kind": p.kind, "max_tokens": p.max_tokens,
+                     **({"schema": json.loads(p.schema)} if p.schema is not None else {})}
+                    for p in prompts],
         "configs": [c.to_dict() for c in configs],
         "skipped": list(skipped),
         "notes": list(notes),

@@ -59,11 +59,16 @@ if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs
                    "llama-cpp-python's own paths (`llama-cpp-python`: its prompt-lookup "
                    "speculation; `llama-cpp-python-plain`: no drafting). `none` is always run.")
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help="JSONL prompt set (fields: id, kind, prompt or messages, max_tokens, raw); "
-                   "default: the built-in set.")
+              help="JSONL prompt set (fields: id, kind, prompt or messages, max_tokens, raw; "
+                   "kind structured: schema, a JSON schema every configuration answers under, "
+                   "and answer, a valid answer for --overhead --structured); default: the "
+                   "built-in set.")
 @click.option("--only", multiple=True, metavar="ID", help="Run only this prompt (repeatable).")
 @click.option("--kinds", default=",".join(KINDS), show_default=True,
-              help="Prompt kinds to run.")
+              help="Prompt kinds to run. On structured prompts edgespec answers under the "
+                   "prompt's JSON schema (json_schema=) and llama-cpp-python under its grammar "
+                   "made from it; the tables add valid (answers that parse and match the schema) "
+                   "and forced (share of the tokens the grammar alone allowed).")
 @click.option("--repeats", "-r", type=click.IntRange(1), default=DEFAULT_REPEATS, show_default=True,
               help="Runs of every prompt and configuration (interleaved).")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
@@ -90,7 +95,8 @@ if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs
               help="Only edgespec's own host work per token: the real loop, drafters, sampler "
                    "and rejection test over a synthetic model that answers instantly (no model "
                    "loads). Every drafter at k=4 and 16, at greedy and temperature 0.8 with "
-                   "each truncation; --json writes it too.")
+                   "each truncation; --json writes it too. With --structured: constrained "
+                   "output's masks instead.")
 @click.option("--vocab", type=click.IntRange(2), default=None, metavar="N",
               help="Vocabulary size of --overhead's synthetic model [default: 151936, the "
                    "default target's].")
@@ -100,6 +106,13 @@ if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs
                    "--draft) instead of generated ones: read from PATH (.npz) if it exists, "
                    "else recorded there first (the target's own text at temperature 0.8 on "
                    "the bench prompts, scored by both models; about a minute on 2 cores).")
+@click.option("--structured", is_flag=True,
+              help="--overhead of constrained output instead: the host's cost per token of the "
+                   "mask over the target's vocabulary (only the vocabulary of --pair/--target "
+                   "loads), along each structured prompt's answer (--prompts, --only): "
+                   "llguidance's (edgespec's) bits + apply against llama.cpp's own grammar "
+                   "sampler applied to a full row; µs median, mean and p90, each position's "
+                   "best of --repeats walks.")
 @click.option("--device-window", is_flag=True,
               help="--overhead as on a GPU that holds the draft's output layer: sampled drafts "
                    "get each row's --draft-window largest logits from the device (llama.cpp's "
@@ -136,11 +149,21 @@ bench.params = [temperature if p.name == "temperature" else p
 
 def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, lengths, sweep,
            memory, memory_sides, memory_ctx, memory_prompt_tokens, runs, overhead, vocab,
-           recorded, device_window, llama_cpp_bin, json_path, plot_path, **opts) -> None:
+           recorded, structured, device_window, llama_cpp_bin, json_path, plot_path,
+           **opts) -> None:
     if recorded is not None and not overhead:
         raise ConfigError("--recorded is an option of --overhead")
     if device_window and not overhead:
         raise ConfigError("--device-window is an option of --overhead")
+    if structured and not overhead:
+        raise ConfigError("--structured is an option of --overhead")
+    if structured:
+        if recorded is not None or vocab is not None or device_window:
+            raise ConfigError("--overhead --structured walks the target's own vocabulary: "
+                              "drop --recorded, --vocab and --device-window")
+        prompts = select_prompts(load_prompts(prompts_file), only, ["structured"])
+        _masks(prompts, repeats, json_path, opts)
+        return
     if overhead:
         pools = None
         if recorded is not None:
@@ -273,15 +296,24 @@ def _anchor_plan(engine: Engine, prompts: Sequence[BenchPrompt], max_tokens: int
                  ) -> tuple[anchors_mod.AnchorSettings, list[anchors_mod.AnchorPrompt]] | None:
     """Settings and prompt texts for llama.cpp's tools, taken while the engine is loaded; None
     (with a note) when the target is on RPC workers, where the tools' numbers would be this
-    machine's."""
+    machine's. Structured prompts are left out (with a note): the tools would answer them
+    unconstrained."""
+    def note(text: str) -> None:
+        notes.append(text)
+        echo_err(text)
+
     if getattr(getattr(engine.target, "options", None), "rpc", ()):
-        note = "llama.cpp's tools: not run (they run locally, the target is on --rpc workers)"
-        notes.append(note)
-        echo_err(note)
+        note("llama.cpp's tools: not run (they run locally, the target is on --rpc workers)")
+        return None
+    plain = [p for p in prompts if p.schema is None]
+    if len(plain) < len(prompts):
+        note("llama.cpp's tools: structured prompts left out (the tools would answer them "
+             "without their schema)")
+    if not plain:
         return None
     return (anchors_mod.settings_from_engine(engine, draft_length=opts["draft_length"],
                                              seed=base.seed),
-            anchors_mod.anchor_prompts(engine, prompts, max_tokens))
+            anchors_mod.anchor_prompts(engine, plain, max_tokens))
 
 
 def _run_anchors(anchors: dict, bin_dir: Path, settings: anchors_mod.AnchorSettings,
@@ -449,11 +481,42 @@ def _recorded_pools(path: Path, opts: dict, prompts_file: Path | None):
         with _load(opts) as engine:
             if engine.draft is None:
                 raise ConfigError("--recorded needs a draft model")
-            target, draft = record_pools(engine, load_prompts(prompts_file))
+            # (the unconstrained kinds: the recorded mix the docs' figures were measured on)
+            target, draft = record_pools(engine, [p for p in load_prompts(prompts_file)
+                                                  if p.schema is None])
         tmp = path.with_name(path.name + ".part")
         save_pools(tmp, target, draft)
         tmp.replace(path)
     return load_pools(path)
+
+
+def _masks(prompts: Sequence[BenchPrompt], repeats: int, json_path: Path | None,
+           opts: dict) -> None:
+    """``--overhead --structured``: :mod:`edgespec.bench.masks` on the target's vocabulary."""
+    import json
+
+    from ..bench.masks import format_masks, run_masks, structured_prompts
+    from ..models.catalog import resolve_pair
+    from ..models.resolve import resolve_model
+
+    structured_prompts(prompts)  # (before anything loads)
+    if json_path is not None:
+        try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot create {json_path.parent}: {err.strerror or err}") from None
+    target = resolve_model(str(opts["target"] or resolve_pair(opts["pair"]).target),
+                           download=True, progress=True)
+
+    def progress(cost) -> None:
+        click.echo(f"  {cost.prompt}: {cost.tokens} tokens walked", err=True)
+
+    click.echo(f"walking the masks on the vocabulary of {target.name} ...", err=True)
+    result = run_masks(target, prompts, repeats, progress=progress)
+    click.echo(format_masks(result))
+    if json_path is not None:
+        json_path.write_text(json.dumps({"structured_overhead": result}, indent=1) + "\n")
+        click.echo(f"wrote {json_path}", err=True)
 
 
 def _overhead(vocab: int | None, repeats: int, json_path: Path | None, draft_window: int,
