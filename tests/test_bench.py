@@ -542,7 +542,7 @@ def test_structured_prompts_run_under_their_schema_and_report_validity_and_force
     assert chat_rows and all(r[-2:] == ["-", "-"] for r in chat_rows)
     overall_header = next(line for line in lines if line.startswith("drafter "))
     assert "structured" in overall_header.split() and overall_header.split()[-2:] == ["valid", "forced"]
-    assert "forced = share of the generated tokens the grammar alone allowed" in res.output
+    assert "forced = share of the generated tokens drafted as source forced" in res.output
 
 
 def test_tables_have_no_structured_columns_without_structured_prompts(fake_bench):

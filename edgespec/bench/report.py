@@ -125,8 +125,9 @@ def print_report(doc: dict, echo: Echo) -> None:
         echo("structured prompts: every configuration answers under the prompt's JSON schema "
              "(edgespec: llguidance's masks; llama-cpp-python: its grammar from the schema, "
              "llama.cpp's grammar sampler); valid = answers that parse and match the schema; "
-             "forced = share of the generated tokens the grammar alone allowed, drafted as "
-             "source forced (none drafts nothing)")
+             "forced = share of the generated tokens drafted as source forced: a round that "
+             "starts where the grammar allows one token alone drafts what it forces (a draft "
+             "already running through such tokens keeps its own source; none drafts nothing)")
     for r in agg.get("temperature_retention", []):
         if r["config"] in _PLAIN or "@" in r["config"]:
             continue

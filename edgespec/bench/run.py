@@ -15,8 +15,9 @@ the same prompt, measured in the same run; overall, the geometric mean of those 
 On a ``structured`` prompt every configuration answers under the prompt's JSON schema
 (edgespec's through ``json_schema=``, llama-cpp-python's through its grammar made from the
 schema); each answer is checked (:func:`~edgespec.bench.prompts.check_answer`), and the runs
-report validity and the forced share: the generated tokens the grammar alone allowed, drafted
-as source ``forced`` (``none`` drafts nothing, so it has none).
+report validity and the forced share: the generated tokens drafted as source ``forced``, the
+tokens a grammar allows alone, drafted where a round starts on them (a draft that runs through
+them keeps its own source; ``none`` drafts nothing, so it has none).
 
 Aggregation works on plain run dicts (the ``runs`` of the JSON results), so a saved result can be
 re-aggregated. This module does not print: the report is :mod:`edgespec.bench_report`.

@@ -68,7 +68,7 @@ if TYPE_CHECKING:  # the engine imports numpy: only load it when a command needs
               help="Prompt kinds to run. On structured prompts edgespec answers under the "
                    "prompt's JSON schema (json_schema=) and llama-cpp-python under its grammar "
                    "made from it; the tables add valid (answers that parse and match the schema) "
-                   "and forced (share of the tokens the grammar alone allowed).")
+                   "and forced (share of the tokens drafted as the grammar forced them).")
 @click.option("--repeats", "-r", type=click.IntRange(1), default=DEFAULT_REPEATS, show_default=True,
               help="Runs of every prompt and configuration (interleaved).")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=DEFAULT_MAX_TOKENS,
