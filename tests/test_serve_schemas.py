@@ -132,6 +132,8 @@ def test_a_bad_message_names_its_index():
     ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": "   "}, "prompt"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"top_logprobs": 2}, "top_logprobs"),
 ])
 def test_invalid_or_unsupported_values_are_400_naming_the_field(body, param):
     body.setdefault("prompt", "x")

@@ -10,8 +10,10 @@ error the engine finds (context overflow, a drafter without its draft model) is 
 ends with ``data: [DONE]``. With ``n`` choices, they run one after another, and a stream sends
 each choice's chunks in turn. With tools, the model's text is read for calls
 (:class:`~edgespec.runtime.tools.ToolCallStream`): a message's ``tool_calls`` and
-``finish_reason`` ``"tool_calls"``, streamed as OpenAI's tool-call deltas. A client that disconnects, whether queued, waiting or mid-stream,
-cancels its job: the worker closes the engine's generator at the end of the current round.
+``finish_reason`` ``"tool_calls"``, streamed as OpenAI's tool-call deltas.
+
+A client that disconnects, whether queued, waiting or mid-stream, cancels its job: the worker
+closes the engine's generator at the end of the current round.
 When the engine is lost (its RPC worker died or stopped answering), every open and queued
 request gets a 503 ``backend_unavailable`` (an error event on a stream), then the process exits.
 """
@@ -188,6 +190,11 @@ class _Api:
         self.worker = worker
         self.metrics = metrics
         self.started = int(time.time())
+        # how the target's chat template has the model write tool calls (read once, here:
+        # afterwards the model is the worker thread's)
+        metadata = getattr(engine.target, "metadata", None)
+        self.tool_family = tool_family(metadata().get("tokenizer.chat_template", "")
+                                       if metadata else "")
 
     def endpoint(self, name: str, handler: Callable[[Request], Awaitable[Response]],
                  *, auth: bool) -> Callable[[Request], Awaitable[Response]]:
@@ -255,13 +262,6 @@ class _Api:
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
 
-    @functools.cached_property
-    def tool_family(self) -> str:
-        """How the target's chat template has the model write tool calls."""
-        metadata = getattr(self.engine.target, "metadata", None)
-        template = metadata().get("tokenizer.chat_template", "") if metadata else ""
-        return tool_family(template)
-
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         body = await _read_body(request)
         req = parse_body(ChatCompletionRequest if chat else CompletionRequest, body)
@@ -318,8 +318,8 @@ class _Api:
                 calls = calls[:1] if gen.single_call else calls
                 if calls and reason == "stop":
                     reason = "tool_calls"
-            choices.append(reply.choice(index, text, reason, tool_calls=calls,
-                                        logprobs=answer.logprobs if gen.logprobs is not None else None))
+            logprobs = answer.logprobs if gen.logprobs is not None else None
+            choices.append(reply.choice(index, text, reason, tool_calls=calls, logprobs=logprobs))
         return reply.body(choices, [a.stats for a in answers], [a.reason for a in answers])
 
     async def _events(self, reply: Reply, job: Job, first: Piece,

@@ -29,7 +29,8 @@ def usage(stats: dict[str, Any] | Sequence[dict[str, Any]]) -> dict[str, int]:
     each = [stats] if isinstance(stats, dict) else list(stats)
     prompt = each[0]["prompt_tokens"]
     generated = sum(s["generated"] for s in each)
-    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    return {"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated}
 
 
 def openai_finish_reason(reason: str) -> str:
@@ -62,7 +63,8 @@ class TokenLogprob:
     chars: int
 
 
-def token_logprobs(tokens: Sequence[Any], token_bytes: Callable[[int], bytes]) -> tuple[TokenLogprob, ...]:
+def token_logprobs(tokens: Sequence[Any],
+                   token_bytes: Callable[[int], bytes]) -> tuple[TokenLogprob, ...]:
     """The engine's ``TokenInfo`` items with their log-probabilities, as plain data."""
     return tuple(
         TokenLogprob(token_bytes(t.id), _finite(t.logprob),

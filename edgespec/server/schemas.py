@@ -139,6 +139,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "function_call": (None, "none"),
 }
 
+#: chat's options, refused on ``/v1/completions`` rather than ignored
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "messages")
+
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
               "tool": "tool"}
 
@@ -215,10 +218,16 @@ def _param(loc: tuple[Any, ...]) -> str:
 def to_generation(req: GenerationRequest, defaults: Defaults) -> Generation:
     """Check a request's values and translate it into ``engine.stream`` arguments (400 on bad
     or unsupported values)."""
+    extra = req.model_extra or {}
     for name, unused in UNSUPPORTED.items():
-        if (req.model_extra or {}).get(name) not in unused:
+        if extra.get(name) not in unused:
             raise bad_request(f"{name} is not supported by edgespec", param=name,
                               code="unsupported_parameter")
+    if isinstance(req, CompletionRequest):
+        for name in CHAT_ONLY:
+            if extra.get(name) is not None:
+                raise bad_request(f"{name} is only supported on /v1/chat/completions", param=name,
+                                  code="unsupported_parameter")
     kwargs: dict[str, Any] = {}
     tools = single_call = False
     if isinstance(req, ChatCompletionRequest):
@@ -410,7 +419,8 @@ def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             if role != "assistant":
                 raise bad_request(f"messages[{i}].tool_calls: only an assistant turn makes calls",
                                   param=f"messages[{i}].tool_calls")
-            turn["tool_calls"] = [_past_call(call, i, j) for j, call in enumerate(message.tool_calls)]
+            turn["tool_calls"] = [_past_call(call, i, j)
+                                  for j, call in enumerate(message.tool_calls)]
         if role == "tool":
             if message.tool_call_id is not None:
                 turn["tool_call_id"] = message.tool_call_id
