@@ -271,10 +271,9 @@ def test_constraint_on_the_default_targets_vocabulary(default_engine):
     assert ids[0] == 151657 and ids[-1] == 151658  # <tool_call> and </tool_call>: one token each
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in ("required", named):
-        for tok in (tokenizer, None):  # as the special token's id, or by its name
-            matcher = _matcher(tokenizer, target.n_vocab, choice)
-            if tok is None:
-                matcher = Matcher(tool_constraint(TOOLS, choice, "hermes"), tokenizer, target.n_vocab)
+        for by in (tokenizer, None):  # the tag as the special token's id, or by its name
+            matcher = Matcher(tool_constraint(TOOLS, choice, "hermes", tokenizer=by), tokenizer,
+                              target.n_vocab)
             assert matcher.forced()[:1] == [151657]
             assert matcher.valid(ids) == len(ids)
             matcher.push(ids)
