@@ -926,6 +926,14 @@ static PyObject *masked(PyObject *self, PyObject *args) {
         const float *xw = xs + (w << 5);
         float *ow = os + (w << 5);
         count += __builtin_popcount(word);
+        if (word == 0xffffffffu) {  /* (most words are whole: the string states allow most) */
+            memcpy(ow, xw, 32 * sizeof(float));
+            continue;
+        }
+        if (word == 0u) {
+            for (int j = 0; j < 32; j++) ow[j] = -INFINITY;
+            continue;
+        }
         uint32_t *ou = (uint32_t *)ow;
         const uint32_t *xu = (const uint32_t *)xw;
         for (int byte = 0; byte < 4; byte++) {  /* 8 lanes' masks from a table: no branch */

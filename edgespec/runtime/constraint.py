@@ -56,7 +56,7 @@ class Constraint:
                 raise ConfigError(f"the JSON schema is not valid JSON: {err}") from None
         if not isinstance(schema, dict):
             raise ConfigError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema, sort_keys=True))
+        return cls("json_schema", json.dumps(schema))  # (properties keep their order)
 
     @classmethod
     def json_object(cls) -> "Constraint":
@@ -198,7 +198,9 @@ class Matcher:
     def apply(self, row: np.ndarray) -> np.ndarray:
         """A float32 copy of ``row`` with every disallowed token at ``-inf`` (columns past the
         vocabulary, a draft model's padding, too): one compiled pass where edgespec was built
-        with its row passes (~40 µs on 152k tokens), else NumPy's (~200 µs)."""
+        with its row passes (on 152k tokens ~30 µs where the mask is mostly whole words of
+        allowed or refused tokens, as in JSON, ~90 µs for a random one), else NumPy's
+        (~200 µs)."""
         out = np.empty(row.size, np.float32)
         if _ROWS is not None and row.dtype == np.float32 and row.flags.c_contiguous:
             _ROWS.masked(row, self.bits(), out)
