@@ -697,7 +697,7 @@ class Engine:
             from . import tools as tooling
 
             done.content, done.tool_calls = tooling.parse_tool_calls(done.text, self._tool_family())
-            if done.tool_calls:
+            if done.tool_calls and done.finish_reason == "stop":  # (a cut call stays "length")
                 done.finish_reason = "tool_calls"
         return done
 
