@@ -123,3 +123,21 @@ def test_default_pair_schema_greedy_equal_for_every_drafter_and_valid(default_en
         assert out.finish_reason == "stop", d
         jsonschema.validate(json.loads(out.text), PERSON)
     assert outs["auto"].stats.by_drafter["forced"].accepted > 0
+
+
+def test_unread_rows_leave_the_read_rows_and_the_cache_as_they_were(tiny_engine):
+    target = tiny_engine.target
+    prompt = target.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+    feed = target.tokenize(" The quick brown fox", add_special=False)
+    n = len(feed)
+    results = []
+    for unread in ((), (0, 2)):
+        target.sync(prompt[:-1])
+        target.decode(prompt[len(target.tokens):], 0)
+        rows = target.decode(feed, n, unread).copy()
+        after = target.decode([feed[0]], 1).copy()  # the cache the call left
+        results.append((rows, after))
+    (full, after_full), (some, after_some) = results
+    read = [i for i in range(n) if i not in (0, 2)]
+    assert (full[read] == some[read]).all()
+    assert (after_full == after_some).all()

@@ -427,6 +427,8 @@ class LlamaBackend:
         #: begun with :meth:`start_decode` lets the caller work while the device computes.
         #: On the CPU the decode is the computation, and starting early gains nothing.
         self.asynchronous: bool = on_gpu or bool(options.rpc)
+        #: ``decode(..., unread=)`` skips rows' output projection (not at a fixed width)
+        self.unread_rows: bool = not width
         self._in_flight = False  #: a launched llama_decode not yet waited for
         #: what :meth:`finish_decode` reads: ``(picks, rows read, rows out)`` of the launched
         #: call (a fixed width's pads are outputs too), or None
@@ -517,7 +519,8 @@ class LlamaBackend:
         llama_cpp.llama_memory_clear(self._ctx.memory, True)
         self.tokens.clear()
 
-    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logits: int,
+               unread: Sequence[int] = ()) -> np.ndarray:
         """Append ``tokens`` to the KV cache; return logits of the last ``n_logits`` of them.
 
         The result has shape ``(n_logits, n_vocab)``, float32; row j predicts the token after
@@ -525,10 +528,17 @@ class LlamaBackend:
         read-only and only valid until the next ``decode`` or ``close``: when one llama_decode
         call produced every row, it is llama.cpp's own output buffer (no copy). Copy what you
         keep.
+
+        ``unread``: rows (indices into the result) whose logits the caller will not read (a
+        position a constraint leaves one token): llama.cpp skips their output projection, a
+        fifth of a token's cost for the default target on a CPU, and their rows of the result
+        hold nothing meaningful. The calls are split as with every row read, so the rows that
+        are read, and the cache, are the same bits. Ignored at a fixed width (every row of
+        a padded call is an output).
         """
         if n_logits and self._attached is not None:
             self._attach(None)
-        return self._decode(tokens, n_logits, None)
+        return self._decode(tokens, n_logits, None, unread)
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int) -> list[int]:
         """Like :meth:`decode`, but return only each row's arg-max token id (a list of
@@ -699,8 +709,8 @@ class LlamaBackend:
             kind = None
         self._attached = kind
 
-    def _decode(self, tokens: Sequence[int], n_logits: int,
-                sampled: str | int | None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    def _decode(self, tokens: Sequence[int], n_logits: int, sampled: str | int | None,
+                unread: Sequence[int] = ()) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         if not 0 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} for {len(tokens)} tokens")
         if self._in_flight:
@@ -713,6 +723,7 @@ class LlamaBackend:
         first_logit = len(tokens) - n_logits
         width = self.fixed_width
         spans = self._chunks(len(tokens), first_logit)
+        skipped = frozenset(unread) if unread and not width and sampled is None else frozenset()
         window = None
         if sampled is not None:
             if sampled == "argmax":
@@ -727,7 +738,7 @@ class LlamaBackend:
         else:
             # one llama_decode call produces every row: hand out llama.cpp's buffer; otherwise
             # (pieces) gather the rows in a buffer of ours
-            single = sum(c1 > first_logit for _, c1 in spans) == 1
+            single = not skipped and sum(c1 > first_logit for _, c1 in spans) == 1
             out = None if single or not n_logits else self._gather_rows(n_logits)
         try:
             for c0, c1 in spans:
@@ -735,13 +746,21 @@ class LlamaBackend:
                 reads = c1 > first_logit
                 skip = max(0, first_logit - c0)  # leading rows of this call whose logits are not read
                 padded = reads and width
-                n = self._fill(tokens[c0:c1], start + c0, skip if reads else m, bool(padded))
+                lo = max(c0, first_logit) - first_logit
+                off = [j for j in range(skip, m) if lo + j - skip in skipped] if reads else []
+                n = self._fill(tokens[c0:c1], start + c0, skip if reads else m, bool(padded),
+                               off)
                 self._call()
                 if n > m:
                     self._drop_pads(start + c1)
                 self.tokens.extend(tokens[c0:c1])
+                if reads and off:  # llama.cpp's outputs: the rows read, in order
+                    got = self._logits_view(m - skip - len(off)) if m - skip > len(off) else ()
+                    read = [lo + j - skip for j in range(skip, m) if j not in off]
+                    for i, row in zip(read, got):
+                        out[i] = row
+                    continue
                 if reads:
-                    lo = max(c0, first_logit) - first_logit
                     rows = m - skip
                     first = skip if padded else 0  # output index of the first row read
                     if window is not None:
@@ -784,11 +803,12 @@ class LlamaBackend:
             ids[lo + j] = np.ctypeslib.as_array(got_ids, shape=(width,))
             logits[lo + j] = np.ctypeslib.as_array(got_logits, shape=(width,))
 
-    def _fill(self, tokens: Sequence[int], pos: int, read_from: int, pad: bool) -> int:
+    def _fill(self, tokens: Sequence[int], pos: int, read_from: int, pad: bool,
+              off: Sequence[int] = ()) -> int:
         """Fill the batch for one llama_decode: ``tokens`` at positions from ``pos``, the rows
-        from ``read_from`` on flagged as outputs; with ``pad``, copies of the last token at
-        the next positions up to the fixed width, every row an output. Return the call's
-        width."""
+        from ``read_from`` on flagged as outputs but those in ``off``; with ``pad``, copies of
+        the last token at the next positions up to the fixed width, every row an output.
+        Return the call's width."""
         m = len(tokens)
         flags = self._b_logits
         self._b_token[:m] = tokens
@@ -801,6 +821,8 @@ class LlamaBackend:
         else:
             flags[:read_from] = 0
             flags[read_from:m] = 1
+            for j in off:
+                flags[j] = 0
         self._b_pos[:n] = self._positions[pos:pos + n]
         self._batch.n_tokens = n
         return n

@@ -30,6 +30,9 @@ class Capabilities:
     device_window: bool = False
     #: every logit-reading call is padded to this many tokens (0: calls as wide as they feed)
     fixed_width: int = 0
+    #: ``decode(tokens, n_logits, unread)``: rows the caller will not read get no output
+    #: projection (a position a constraint leaves one token)
+    unread_rows: bool = False
 
 
 def capabilities(model) -> Capabilities:
@@ -43,4 +46,5 @@ def capabilities(model) -> Capabilities:
         graph_shapes=bool(getattr(model, "graph_shapes", False)),
         device_window=bool(getattr(model, "device_window", False)),
         fixed_width=int(getattr(model, "fixed_width", 0) or 0),
+        unread_rows=bool(getattr(model, "unread_rows", False)),
     )

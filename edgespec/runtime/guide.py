@@ -101,6 +101,13 @@ class Guide:
         self.seek(ahead)
         return self.matcher.only()
 
+    def settled(self, tokens: Sequence[int]) -> list[int]:
+        """The rows of a round scoring ``tokens`` (row i: the position after the first i)
+        whose position the constraint leaves one token: their logits are never read."""
+        if self.matcher is None:
+            return []
+        return [i for i in range(len(tokens) + 1) if self.only(tokens[:i]) is not None]
+
     def row(self, logits: np.ndarray, ahead: Sequence[int]) -> np.ndarray:
         """``logits`` shaped for the position after the committed text and ``ahead``: bias
         and penalties, then the constraint's mask (a new array; ``logits`` may be llama.cpp's

@@ -151,7 +151,8 @@ def rounds(
     With a constraint, every proposal is cut to what the constraint allows before it is
     scored, and where the constraint forces tokens (and the drafter is not ``none``) those
     are the round's draft, source ``forced``: the drafter is not asked, nor told (``auto``
-    learns from its own rounds only).
+    learns from its own rounds only). A drafting round's rows at positions the constraint
+    leaves one token are not read (``unread_rows``: no output projection for them).
     """
     committed = list(prompt)
     cache = Follower(target)
@@ -162,6 +163,7 @@ def rounds(
     if guide is not None:
         guide.committed = committed
     forcing = constrained and getattr(drafter, "name", "") != "none"
+    skip_rows = constrained and caps.unread_rows and guide.logprobs is None
     ahead = caps.asynchronous
     start = target.start_decode if ahead else None
     finish = target.finish_decode if ahead else None
@@ -229,7 +231,13 @@ def rounds(
                 else:  # a greedy plain step: the target's pick (no verdict made; see rounds' note)
                     accepted, token, source = 0, int(ids[0]), target_source
             else:
-                logits = finish() if ahead else target.decode([committed[-1], *tokens], len(tokens) + 1)
+                if ahead:
+                    logits = finish()
+                elif skip_rows and tokens:  # rows a constraint settles need no logits
+                    logits = target.decode([committed[-1], *tokens], len(tokens) + 1,
+                                           guide.settled(tokens))
+                else:
+                    logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
                 t3 = clock()
                 verdict = verify(tokens, q, _ProcessedRows(logits, params, guide, tokens), rng)
                 accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
