@@ -955,7 +955,7 @@ def test_llguidance_walk_times_every_position_and_refuses_an_answer_off_the_sche
     tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_AsciiTokenizer()))
     constraint = Constraint.json_schema(_ENUM_SCHEMA)
     row = np.zeros(len(_ASCII) + 1, np.float32)
-    text = json.dumps({"n": 22, "ok": False, "pet": "dog"})  # (the compiled schema's key order)
+    text = json.dumps({"pet": "dog", "ok": False, "n": 22})  # (the schema's key order)
     tokens = _AsciiTokenizer()(text)
     walk = walk_llguidance(constraint, tokenizer, len(row), tokens, row)
     assert set(walk) == {"mask", "bits", "apply", "advance"}
