@@ -270,7 +270,7 @@ def test_bad_prompt_lines_name_the_line_and_the_problem(tmp_path, line, message)
 
 
 def test_prompt_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match="prompt file: no such file"):
         load_prompts(tmp_path / "missing.jsonl")
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "a", "kind": "chat", "prompt": "x"}\n' * 2)

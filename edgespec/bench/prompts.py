@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, read_text_file
 
 KINDS = ("edit", "code", "chat", "structured")
 #: The kind whose prompts carry a JSON schema.
@@ -188,16 +188,7 @@ def check_answer(text: str, schema: str | dict) -> str | None:
 def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
     """The prompts in ``path`` (JSONL), or the built-in set when ``path`` is None."""
     path = Path(path) if path is not None else BUILTIN_PROMPTS
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"prompt file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"prompt file is a directory: {path}") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"prompt file is not valid UTF-8 (byte {err.start}): {path}") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read prompt file {path}: {err.strerror or err}") from None
+    text = read_text_file(path, "prompt file")
     prompts: list[BenchPrompt] = []
     seen: set[str] = set()
     for lineno, line in enumerate(text.splitlines(), 1):

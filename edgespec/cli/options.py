@@ -12,7 +12,7 @@ from typing import Any, Callable, TypeVar
 import click
 
 from .. import config
-from ..errors import ConfigError, EdgespecError
+from ..errors import ConfigError, EdgespecError, read_text_file
 from ..runtime.drafters import DRAFTER_NAMES
 from ..runtime.rpc import DEFAULT_RPC_TIMEOUT_S
 
@@ -293,17 +293,7 @@ def _grammar(value: str) -> str:
 
 
 def _read_text(path: str, flag: str, what: str) -> str:
-    file = Path(path).expanduser()
-    try:
-        return file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{flag}: no such file {path!r} (give a file holding {what})") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{flag}: {path} is a directory, not a file") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{flag}: {path} is not UTF-8 text (byte {err.start})") from None
-    except OSError as err:
-        raise ConfigError(f"{flag}: cannot read {path}: {err.strerror or err}") from None
+    return read_text_file(path, flag, f"give a file holding {what}")
 
 
 def _one_line(message: str) -> str:
