@@ -130,8 +130,8 @@ class Matcher:
         import llguidance
 
         self.constraint = constraint
-        grammar = check(constraint, tokenizer)
-        self._m = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        # (compiled once: the matcher reports what check() would, through is_error)
+        self._m = llguidance.LLMatcher(tokenizer, constraint.grammar_text(), log_level=0)
         if self._m.is_error():
             raise ConfigError(f"bad {constraint.describe()}: {_first_line(self._m.get_error())}")
         self.n_vocab = n_vocab

@@ -114,11 +114,10 @@ class Guide:
         read-only buffer)."""
         x = logits
         if self.shaped:
-            n = self.params.penalty_last_n
-            keep = len(self.committed) + len(ahead) if n < 0 else n
-            history = list(self.committed[len(self.committed) - max(keep - len(ahead), 0):])
-            history.extend(ahead)
-            x = shape(x, self.params, history[len(history) - keep:] if keep else ())
+            n = self.params.penalty_last_n  # (shape() takes the window's last n itself)
+            committed = self.committed
+            recent = committed if n < 0 else committed[max(len(committed) - n, 0):]
+            x = shape(x, self.params, [*recent, *ahead])
         if self.matcher is not None:
             self.seek(ahead)
             x = self.matcher.apply(x)
