@@ -70,7 +70,7 @@ def check_tools(tools: list[dict] | None, tool_choice: Any = None) -> None:
         raise ConfigError(f"tool_choice: must be one of {', '.join(map(repr, _CHOICES))} or "
                           f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
                           f"got {tool_choice!r}")
-    if (named is not None or tool_choice == "required") and not names:
+    if requires_call(tool_choice) and not names:
         raise ConfigError(f"tool_choice: {_describe_choice(tool_choice)} needs tools, and none "
                           f"were given")
     if named is not None and named not in names:
@@ -111,6 +111,17 @@ def _check_tool(tool: Any, where: str) -> str:
         except ConfigError as err:
             raise ConfigError(f"{where}.function.parameters: {err}") from None
     return name
+
+
+def requires_call(tool_choice: Any) -> bool:
+    """Whether ``tool_choice`` makes the answer a call: ``"required"`` or a named function."""
+    return tool_choice == "required" or isinstance(tool_choice, dict)
+
+
+def call_finish_reason(reason: str, called: bool) -> str:
+    """OpenAI's ``finish_reason`` for an answer read for tool calls: ``"tool_calls"`` where it
+    made calls and ended by itself (``"stop"``); a call cut short keeps ``"length"``."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _named(tool_choice: Any) -> str | None:
@@ -166,9 +177,9 @@ def tool_constraint(tools: list[dict] | None, tool_choice: Any, family: str, *,
     if tools and family == "none" and tool_choice != "none":
         raise ConfigError("tools: this model's chat template has no tool-call format edgespec "
                           "knows (Qwen/Hermes <tool_call> tags, Llama 3.1 JSON)")
-    named = _named(tool_choice)
-    if named is None and tool_choice != "required":
+    if not requires_call(tool_choice):
         return None
+    named = _named(tool_choice)
     chosen = [t["function"] for t in tools or [] if named is None or t["function"]["name"] == named]
     key = ARGUMENT_KEYS[family][0]
     lines = ["%llguidance {}"]

@@ -45,7 +45,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import ContextOverflowError, EdgespecError
 from ..runtime.engine import Engine
-from ..runtime.tools import ToolCallStream, parse_tool_calls, tool_family
+from ..runtime.tools import ToolCallStream, call_finish_reason, parse_tool_calls, tool_family
 from . import DEFAULT_MAX_QUEUE, errors
 from .errors import APIError
 from .metrics import Metrics, prometheus_text
@@ -316,8 +316,7 @@ class _Api:
             if gen.tools:
                 text, calls = parse_tool_calls(text, self.tool_family)
                 calls = calls[:1] if gen.single_call else calls
-                if calls and reason == "stop":
-                    reason = "tool_calls"
+                reason = call_finish_reason(reason, bool(calls))
             logprobs = answer.logprobs if gen.logprobs is not None else None
             choices.append(reply.choice(index, text, reason, tool_calls=calls, logprobs=logprobs))
         return reply.body(choices, [a.stats for a in answers], [a.reason for a in answers])
@@ -439,9 +438,8 @@ class _StreamedChoice:
             deltas = [d for d in deltas if all(c["index"] == 0 for c in d.get("tool_calls", ()))]
         out = [self._chunk(delta) for delta in deltas]
         if piece.finish_reason is not None:
-            reason = piece.finish_reason
-            if self.calls is not None and self.calls.calls and reason == "stop":
-                reason = "tool_calls"
+            called = self.calls is not None and self.calls.calls > 0
+            reason = call_finish_reason(piece.finish_reason, called)
             out.append(self.reply.chunk(index=self.index, reason=reason, stats=piece.stats,
                                         engine_reason=piece.finish_reason,
                                         logprobs=self._logprobs()))
