@@ -1,0 +1,83 @@
+"""The sources of drafts, by name: the one list the CLI, the chat's cycle, bench, the server
+and ``auto`` read.
+
+Each source is one module of this package with a :class:`~.base.Drafter` subclass and its
+:class:`~.base.SourceSpec` (what it needs, how ``auto`` may play it); :data:`REGISTRY` lists
+the specs, in the order the faces show them. Adding a source is its module, its line below
+and its tests: nothing else names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from ...config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
+from ...errors import ConfigError
+from . import auto, hybrid, lookup, model, none
+from .base import Draft, Drafter, DraftModel, Kit, Outcome, SourceSpec
+
+REGISTRY: dict[str, SourceSpec] = {spec.name: spec for spec in (
+    auto.SPEC,
+    hybrid.SPEC,
+    model.SPEC,
+    lookup.SPEC,
+    none.SPEC,
+)}
+
+#: every source's name, in the faces' order (the chat's ctrl+d cycle: most drafting first)
+NAMES: tuple[str, ...] = tuple(REGISTRY)
+
+
+def spec(name: str) -> SourceSpec:
+    """The registry's entry for ``name``, else a ConfigError listing the sources."""
+    found = REGISTRY.get(name)
+    if found is None:
+        raise ConfigError(f"unknown drafter {name!r}: choose one of {', '.join(NAMES)}")
+    return found
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a source, else a ConfigError listing the sources."""
+    return spec(name).name
+
+
+def usable(has_draft_model: bool) -> tuple[str, ...]:
+    """The sources that can run with (or without) a draft model loaded, in the faces' order."""
+    return tuple(s.name for s in REGISTRY.values() if s.usable(has_draft_model))
+
+
+def make_source(name: str, kit: Kit) -> Drafter:
+    """Build the source ``name`` from ``kit``; a ConfigError if it needs what the kit lacks."""
+    entry = spec(name)
+    if not entry.usable(kit.draft_model is not None):
+        raise ConfigError(f"drafter {name!r} needs a draft model (--draft)")
+    made = entry.make(replace(kit, offers=offered(kit)) if entry.chooser else kit)
+    if entry.max_length is not None:
+        made.max_length = entry.max_length
+    return made
+
+
+def offered(kit: Kit) -> dict[str, Drafter]:
+    """For ``auto``: each role's source, built from ``kit`` (the first registered source of
+    the role that can run here)."""
+    roles: dict[str, Drafter] = {}
+    for entry in REGISTRY.values():
+        role = entry.auto_role
+        if role is not None and role not in roles and entry.usable(kit.draft_model is not None):
+            roles[role] = make_source(entry.name, kit)
+    return roles
+
+
+def make_drafter(name: str, draft_model: DraftModel | None = None, n_vocab: int = 0, *,
+                 max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM,
+                 policy=None, draft_window: int = DRAFT_WINDOW, guide=None) -> Drafter:
+    """:func:`make_source` with the kit given as keywords."""
+    return make_source(name, Kit(draft_model, n_vocab, max_ngram, min_ngram, draft_window,
+                                 guide, policy))
+
+
+__all__: Sequence[str] = (
+    "REGISTRY", "NAMES", "Draft", "Drafter", "DraftModel", "Kit", "Outcome", "SourceSpec",
+    "spec", "check_name", "usable", "make_source", "offered", "make_drafter",
+)
