@@ -1,9 +1,19 @@
-"""The speculative decoding loop: draft, score in one batch, verify, repeat.
+"""The speculative decoding loop: a round is propose -> score -> judge -> commit.
 
 Invariant between rounds: the target's KV cache holds every committed token but the last one.
 A round feeds ``[last committed token] + drafts`` in one call and reads k + 1 rows of logits:
 row i scores draft i, the last row gives the bonus token. After the verdict the cache is cut
 back to the accepted prefix on the next round's ``sync`` (the invariant again).
+
+:class:`Speculator` holds one generation and does each step of a round: :meth:`~Speculator.propose`
+asks the source (or the constraint, for tokens it forces) for a :class:`Plan`;
+:meth:`~Speculator.score` runs the target's call (or finishes one launched earlier);
+:meth:`~Speculator.judge` is the exact rejection sampler's :class:`Verdict`;
+:meth:`~Speculator.commit` extends the text and yields a :class:`Round`, and
+:meth:`~Speculator.learn` tells the source what its round did. Two drivers play the steps:
+:func:`play` one after another (the CPU, where the decode is the work), :func:`play_ahead`
+with the next round's call launched before this round is yielded (a GPU, RPC workers: what
+the caller does with a round runs while the device computes).
 
 The loop only needs ``sync`` / ``decode`` from the target, so unit tests drive it with
 scripted fakes, and the real engine with :class:`edgespec.runtime.backend.LlamaBackend`.
@@ -25,8 +35,9 @@ from ..core.speedup import CallMeter
 from ..core.stats import Stats
 from .cache import Follower
 from .capabilities import capabilities
-from .drafters import Draft, Drafter, Outcome
 from .guide import Guide, log_probs
+from .sources import Draft, Drafter, Outcome
+from .sources.base import as_drafter
 
 
 class Target(Protocol):
@@ -39,20 +50,53 @@ class Target(Protocol):
 
     # What more it can do, it declares (:mod:`edgespec.runtime.capabilities`): ``argmax``
     # (greedy rounds then read the target's picks only, all a greedy verdict needs) and
-    # ``asynchronous`` (the next round is launched before this one is yielded: :func:`rounds`).
+    # ``asynchronous`` (the next round is launched before this one is yielded: :func:`play_ahead`).
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation's settings, the same for all its rounds.
+
+    ``draft_length``: the most tokens a round drafts. ``max_new_tokens`` only caps how much is
+    drafted: a round never drafts past the budget. ``costs``: the target's call costs as
+    calibrated; every call is added to ``stats.calls`` (:class:`~edgespec.core.speedup.CallMeter`:
+    the evidence of the same-moment speedup). ``clock`` times the rounds (tests pass a
+    simulated one). ``guide`` (:class:`~edgespec.runtime.guide.Guide`): bias, penalties, a
+    constraint, or log-probabilities."""
+
+    params: SamplingParams
+    draft_length: int
+    max_new_tokens: int | None = None
+    costs: CallCosts | None = None
+    clock: Clock = time.perf_counter
+    guide: Guide | None = None
 
 
 class Plan(NamedTuple):
-    """The next round, proposed and (on an asynchronous target) launched: what it drafts, the
-    seconds spent drafting and on the target's side so far, and whether the drafter assured
+    """The next round as proposed: the source's draft, the tokens to score (cut to the budget
+    and to what a constraint allows) with their distributions, the seconds spent drafting and
+    on the target's side so far, whether its call is launched, and whether the source assured
     that the round after it is a plain step (``plain_next``)."""
 
     draft: Draft | None
     tokens: list[int]
     q: list
     t_draft: float
+    t_target: float = 0.0
+    launched: bool = False
+    assured: bool = False
+
+
+class Verdict(NamedTuple):
+    """What the sampler kept: the accepted drafts, the token after them and its source, the
+    target's output (rows or picks) and the seconds the round took on the target's side."""
+
+    accepted: int
+    token: int
+    source: Source
+    out: object
     t_target: float
-    assured: bool
+    t_judge: float
 
 
 @dataclass(frozen=True)
@@ -107,181 +151,253 @@ def prefill(target: Target, prompt: Sequence[int]) -> int:
     return cached
 
 
-def rounds(
-    target: Target,
-    drafter: Drafter,
-    prompt: Sequence[int],
-    params: SamplingParams,
-    rng: np.random.Generator,
-    draft_length: int,
-    stats: Stats,
-    max_new_tokens: int | None = None,
-    costs: CallCosts | None = None,
-    clock: Clock | None = None,
-    guide: Guide | None = None,
-) -> Iterator[Round]:
-    """Yield verification rounds until the context is full (the caller stops on anything else).
-
-    ``max_new_tokens`` only caps how much is drafted: a round never drafts past the budget.
-    ``costs``: the target's call costs as calibrated; every call is added to ``stats.calls``
-    (:class:`~edgespec.core.speedup.CallMeter`: the evidence of the same-moment speedup). ``clock``: what times the rounds (``time.perf_counter``; tests pass a simulated one).
+class Speculator:
+    """One generation's rounds, step by step (see the module's note for the steps).
 
     On a GPU a plain step costs ~2 ms, and what Python does between two decodes runs in the
-    cold caches a decode leaves, where each call or object made costs several µs (10-15 µs
-    for a dataclass on this project's CPU VM): so the per-round work is kept to what a round
-    needs, e.g. a greedy plain step makes no verdict.
+    cold caches a decode leaves, where each call or object made costs several µs: so the
+    per-round work is kept to what a round needs (e.g. a greedy plain step makes no verdict).
 
-    Where the target's decode is asynchronous (``target.asynchronous``, with ``start_decode``
-    and ``finish_decode``: a GPU, RPC workers), the next round is proposed and its call
-    launched before this round is yielded, so that what the caller does with a round (text,
-    streaming, the UI) runs while the device computes. The next round depends on nothing the
-    caller decides, only on the tokens committed. A round the caller never takes is waited for
-    when the generator is closed, and its tokens are left in the target's cache record (the
-    next ``sync`` cuts them off). On the CPU the decode is the work, and launching it before
-    the yield would only delay each round's text.
+    With a guide the rows are shaped per position, so the target's picks are not used. With a
+    constraint, every proposal is cut to what the constraint allows before it is scored, and
+    where the constraint forces tokens (and the source drafts at all) those are the round's
+    draft, source ``forced``: the source is not asked, nor told (``auto`` learns from its own
+    rounds only). A drafting round's rows at positions the constraint leaves one token are not
+    read (``unread_rows``: no output projection for them)."""
 
-    A drafter may also say, while a plain step's call runs, that the step after it will be
-    plain whatever this one commits (``plain_next(draft_length)``: ``auto`` where no offer
-    could pay). That step is then launched as soon as this one is committed, and the
-    drafter's work on it (observing this round, its proposal, its choice) runs while the
-    device computes: a GPU's plain steps under ``auto`` then cost what ``none``'s do.
+    def __init__(self, target: Target, drafter: Drafter, prompt: Sequence[int],
+                 gen: Generation, rng: np.random.Generator, stats: Stats) -> None:
+        self.target, self.gen, self.rng, self.stats = target, gen, rng, stats
+        self.drafter = drafter = as_drafter(drafter)
+        self.committed = list(prompt)
+        self.emitted = 0
+        self.clock = gen.clock
+        guide = gen.guide
+        caps = capabilities(target)
+        self.ahead = caps.asynchronous
+        self._cache = Follower(target)
+        self._meter = CallMeter(gen.costs, stats.calls)
+        self._picks = gen.params.greedy and caps.argmax and guide is None
+        self._guide = guide
+        constrained = guide is not None and guide.constrained
+        if guide is not None:
+            guide.begin(self.committed)
+        self._forcing = constrained and drafter.name != "none"
+        self._skip_rows = constrained and caps.unread_rows and guide.logprobs is None
+        self._assures = self.ahead and not constrained  # (plain_next is asked)
+        self._is_eog = getattr(target, "is_eog", None)
+        cap = drafter.max_length
+        self._k = gen.draft_length if cap is None else min(gen.draft_length, cap)
 
-    ``guide`` (:class:`~edgespec.runtime.guide.Guide`): bias, penalties, a constraint, or
-    log-probabilities. Its rows are shaped per position, so the target's picks are not used.
-    With a constraint, every proposal is cut to what the constraint allows before it is
-    scored, and where the constraint forces tokens (and the drafter is not ``none``) those
-    are the round's draft, source ``forced``: the drafter is not asked, nor told (``auto``
-    learns from its own rounds only). A drafting round's rows at positions the constraint
-    leaves one token are not read (``unread_rows``: no output projection for them).
-    """
-    committed = list(prompt)
-    cache = Follower(target)
-    emitted = 0
-    caps = capabilities(target)
-    picks = target.decode_argmax if params.greedy and caps.argmax and guide is None else None
-    constrained = guide is not None and guide.constrained
-    if guide is not None:
-        guide.committed = committed
-    forcing = constrained and getattr(drafter, "name", "") != "none"
-    skip_rows = constrained and caps.unread_rows and guide.logprobs is None
-    ahead = caps.asynchronous
-    start = target.start_decode if ahead else None
-    finish = target.finish_decode if ahead else None
-    is_eog = getattr(target, "is_eog", None)
-    as_picks = picks is not None
-    observe = getattr(drafter, "observe", None)
-    plain_next = getattr(drafter, "plain_next", None) if ahead and not constrained else None
-    draft_source, target_source = Source.DRAFT, Source.TARGET
-    n_ctx = target.n_ctx
-    clock = clock or time.perf_counter
-    meter = CallMeter(costs, stats.calls)
+    @property
+    def room(self) -> bool:
+        """Whether the context has room for another round."""
+        return len(self.committed) < self.target.n_ctx
 
-    def plan(launched: float | None = None) -> Plan:
-        """Propose the next round, bring the cache to it and (``ahead``) launch its call.
-        ``launched``: the seconds of a plain step already launched (:func:`launch_plain`); the
-        proposal is then the drafter's bookkeeping, made while the device computes, and the
-        round stays plain (nothing waited for the proposal: no drafting time)."""
-        # Feeding [last] + k drafts needs len(committed) + k cells; capping one lower also keeps
-        # the emitted length at exactly n_ctx for every drafter (plain decoding stops there too).
-        k = min(draft_length, n_ctx - len(committed) - 1)
-        if max_new_tokens is not None:
-            k = min(k, max(max_new_tokens - emitted - 1, 0))
-        t0 = clock()
-        draft = None
-        if forcing and k > 0:
-            forced = guide.forced()[:k]
+    # ---- propose ---------------------------------------------------------------------------
+
+    def _budget(self) -> int:
+        """The most tokens this round may draft: [last] + k drafts need len(committed) + k
+        cells; capping one lower also keeps the emitted length at exactly n_ctx for every
+        source (plain decoding stops there too); never past ``max_new_tokens``."""
+        k = min(self._k, self.target.n_ctx - len(self.committed) - 1)
+        if self.gen.max_new_tokens is not None:
+            k = min(k, max(self.gen.max_new_tokens - self.emitted - 1, 0))
+        return k
+
+    def _ask(self, k: int) -> Draft | None:
+        """The constraint's forced tokens, else the source's proposal."""
+        if self._forcing and k > 0:
+            forced = self._guide.forced()[:k]
             if forced:
-                draft = Draft(forced, [None] * len(forced), "forced")
-        if draft is None:
-            draft = drafter.propose(committed, k, params, rng) if k > 0 else None
-        if launched is not None:
-            return Plan(draft, [], [], 0.0, launched, bool(plain_next(draft_length)))
+                return Draft(forced, [None] * len(forced), "forced")
+        return self.drafter.propose(self.committed, k, self.gen.params, self.rng) if k > 0 else None
+
+    def propose(self) -> Plan:
+        """The next round: its draft, cut to the budget and to what a constraint allows."""
+        k = self._budget()
+        t0 = self.clock()
+        draft = self._ask(k)
         tokens = draft.tokens[:k] if draft else []
-        if guide is not None and tokens:
-            tokens = tokens[:guide.valid(tokens)]
+        if self._guide is not None and tokens:
+            tokens = tokens[:self._guide.valid(tokens)]
         q = draft.q[: len(tokens)] if draft else []
-        t1 = clock()
-        cache.sync(committed, len(committed) - 1)
-        if ahead:
-            start([committed[-1], *tokens], len(tokens) + 1, picks=as_picks)
-        return Plan(draft, tokens, q, t1 - t0, clock() - t1, bool(
-            plain_next is not None and not tokens and plain_next(draft_length)))
+        assured = (self._assures and not tokens
+                   and self.drafter.plain_next(self.gen.draft_length))
+        return Plan(draft, tokens, q, self.clock() - t0, 0.0, False, assured)
 
-    def launch_plain() -> float:
-        """Launch a plain step the drafter assured (before its work on it); its seconds."""
-        t1 = clock()
-        cache.sync(committed, len(committed) - 1)
-        start([committed[-1]], 1, picks=as_picks)
-        return clock() - t1
+    def propose_behind(self, plan: Plan) -> Plan:
+        """The source's bookkeeping for a plain step already launched (:meth:`launch_plain`),
+        made while the device computes: the round stays plain, and nothing waited for it
+        (no drafting time)."""
+        draft = self._ask(self._budget())
+        return plan._replace(draft=draft,
+                             assured=self._assures and self.drafter.plain_next(self.gen.draft_length))
 
-    pending = None
-    try:
-        while len(committed) < n_ctx:
-            if pending is None:
-                pending = plan()
-            draft, tokens, q, t_draft, t_target, assured = pending
-            pending = None
-            t2 = clock()
-            if picks is not None:
-                ids = finish() if ahead else picks([committed[-1], *tokens], len(tokens) + 1)
-                t3 = clock()
-                if tokens:
-                    verdict = verify_greedy(tokens, ids)
-                    accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
-                else:  # a greedy plain step: the target's pick (no verdict made; see rounds' note)
-                    accepted, token, source = 0, int(ids[0]), target_source
+    # ---- score -----------------------------------------------------------------------------
+
+    def launch(self, plan: Plan) -> Plan:
+        """Bring the cache to the plan and start its call (an asynchronous target)."""
+        t1 = self.clock()
+        self._cache.sync(self.committed, len(self.committed) - 1)
+        self.target.start_decode([self.committed[-1], *plan.tokens], len(plan.tokens) + 1,
+                                 picks=self._picks)
+        return plan._replace(t_target=plan.t_target + self.clock() - t1, launched=True)
+
+    def launch_plain(self) -> Plan:
+        """Start a plain step the source assured, before its work on it."""
+        return self.launch(Plan(None, [], [], 0.0))
+
+    def score(self, plan: Plan) -> tuple[object, float]:
+        """The target's output for the plan's call, its picks or its rows (finishing a launched
+        call), and the round's seconds on the target's side."""
+        t = self.clock()
+        n = len(plan.tokens) + 1
+        if plan.launched:
+            out = self.target.finish_decode()
+        else:
+            self._cache.sync(self.committed, len(self.committed) - 1)
+            call = [self.committed[-1], *plan.tokens]
+            if self._picks:
+                out = self.target.decode_argmax(call, n)
+            elif self._skip_rows and plan.tokens:  # rows a constraint settles need no logits
+                out = self.target.decode(call, n, self._guide.settled(plan.tokens))
             else:
-                if ahead:
-                    logits = finish()
-                elif skip_rows and tokens:  # rows a constraint settles need no logits
-                    logits = target.decode([committed[-1], *tokens], len(tokens) + 1,
-                                           guide.settled(tokens))
-                else:
-                    logits = target.decode([committed[-1], *tokens], len(tokens) + 1)
-                t3 = clock()
-                verdict = verify(tokens, q, _ProcessedRows(logits, params, guide, tokens), rng)
-                accepted, token, source = verdict.n_accepted, verdict.next_token, verdict.next_source
-            t4 = clock()
-            t_target += t3 - t2
-            meter.add(len(tokens) + 1, t_target)
+                out = self.target.decode(call, n)
+        t_target = plan.t_target + self.clock() - t
+        self._meter.add(n, t_target)
+        return out, t_target
 
-            new = tokens[:accepted] + [token]
-            logprobs = None
-            if guide is not None:
-                if guide.logprobs is not None:
-                    logprobs = [log_probs(logits[j], new[j], guide.logprobs)
-                                for j in range(len(new))]
-                guide.commit(new)
-            committed.extend(new)
-            emitted += len(new)
+    def finish(self) -> None:
+        """Wait for a launched call whose round nobody will take."""
+        self.target.finish_decode()
+
+    # ---- judge -----------------------------------------------------------------------------
+
+    def judge(self, plan: Plan, out: object, t_target: float) -> Verdict:
+        """The exact sampler's verdict on the plan's drafts (a greedy plain step takes the
+        target's pick: no verdict is made)."""
+        t = self.clock()
+        tokens = plan.tokens
+        if self._picks:
+            if not tokens:
+                return Verdict(0, int(out[0]), Source.TARGET, out, t_target, self.clock() - t)
+            v = verify_greedy(tokens, out)
+        else:
+            v = verify(tokens, plan.q, _ProcessedRows(out, self.gen.params, self._guide, tokens),
+                       self.rng)
+        return Verdict(v.n_accepted, v.next_token, v.next_source, out, t_target,
+                       self.clock() - t)
+
+    # ---- commit ----------------------------------------------------------------------------
+
+    def commit(self, plan: Plan, verdict: Verdict) -> Round:
+        """Extend the text by the round's tokens; the round as the caller gets it."""
+        accepted = verdict.accepted
+        new = plan.tokens[:accepted] + [verdict.token]
+        logprobs = None
+        guide = self._guide
+        if guide is not None:
+            if guide.logprobs is not None:
+                logprobs = [log_probs(verdict.out[j], new[j], guide.logprobs)
+                            for j in range(len(new))]
+            guide.commit(new)
+        self.committed.extend(new)
+        self.emitted += len(new)
+        name = plan.draft.source if plan.draft and plan.tokens else "none"
+        self.stats.record_round(name, len(plan.tokens), accepted, plan.t_draft,
+                                verdict.t_target, verdict.t_judge)
+        return Round(new, [Source.DRAFT] * accepted + [verdict.source], name, len(plan.tokens),
+                     accepted, logprobs)
+
+    def learn(self, plan: Plan, rnd: Round, t_target: float) -> None:
+        """Tell the source what its round did (not a round the constraint forced)."""
+        draft = plan.draft
+        if draft is None or draft.source != "forced":
+            self.drafter.observe(Outcome(draft, rnd.drafted, rnd.accepted, rnd.tokens,
+                                         plan.t_draft, t_target))
+
+    def goes_on(self, rnd: Round) -> bool:
+        """Whether the round after ``rnd`` will be asked for: room and budget left, and no
+        end-of-generation token committed (an asynchronous driver launches it ahead)."""
+        if not self.room:
+            return False
+        if self.gen.max_new_tokens is not None and self.emitted >= self.gen.max_new_tokens:
+            return False
+        is_eog = self._is_eog
+        if is_eog is None:
+            return True
+        return not (any(map(is_eog, rnd.tokens)) if rnd.accepted else is_eog(rnd.tokens[-1]))
+
+
+def play(spec: Speculator) -> Iterator[Round]:
+    """Rounds one step after another, until the context is full (the caller stops on anything
+    else): on the CPU the decode is the work, and launching it before the yield would only
+    delay each round's text."""
+    while spec.room:
+        plan = spec.propose()
+        out, t_target = spec.score(plan)
+        verdict = spec.judge(plan, out, t_target)
+        rnd = spec.commit(plan, verdict)
+        spec.learn(plan, rnd, t_target)
+        yield rnd
+
+
+def play_ahead(spec: Speculator) -> Iterator[Round]:
+    """Rounds with the next round proposed and its call launched before this one is yielded,
+    so that what the caller does with a round (text, streaming, the UI) runs while the device
+    computes. The next round depends on nothing the caller decides, only on the tokens
+    committed. A round the caller never takes is waited for when the generator is closed, and
+    its tokens are left in the target's cache record (the next ``sync`` cuts them off).
+
+    Where the source assured that the step after a plain one is plain too (``plain_next``:
+    ``auto`` where no offer could pay), that step is launched as soon as this one is
+    committed, and the source's work on it (learning from this round, its proposal) runs while
+    the device computes: a GPU's plain steps under ``auto`` then cost what ``none``'s do.
+    A failure while preparing the next round is raised once this round is delivered."""
+    pending: Plan | None = None
+    try:
+        while spec.room:
+            plan = pending if pending is not None else spec.launch(spec.propose())
+            pending = None
+            out, t_target = spec.score(plan)
+            rnd = spec.commit(plan, spec.judge(plan, out, t_target))
             failure = None
-            goes_on = ahead and len(committed) < n_ctx and (
-                max_new_tokens is None or emitted < max_new_tokens) and not (
-                is_eog is not None and (any(map(is_eog, new)) if accepted else is_eog(token)))
-            launched = None
-            if goes_on and assured:
-                # the drafter said this step is plain whatever it commits: launched first, so
-                # that its observing and proposing run while the device computes
+            going = spec.goes_on(rnd)
+            if going and plan.assured:
                 try:
-                    launched = launch_plain()
+                    pending = spec.launch_plain()
                 except Exception as err:
-                    failure, goes_on = err, False
-            if observe is not None and not (draft is not None and draft.source == "forced"):
-                observe(Outcome(draft, len(tokens), accepted, new, t_draft, t_target))
-            if goes_on:
-                if launched is not None:  # (finished on close even if proposing fails)
-                    pending = Plan(None, [], [], 0.0, launched, False)
+                    failure, going = err, False
+            spec.learn(plan, rnd, t_target)
+            if going:
                 try:
-                    pending = plan(launched)
-                except Exception as err:  # raised once this round is delivered
+                    pending = (spec.propose_behind(pending) if pending is not None
+                               else spec.launch(spec.propose()))
+                except Exception as err:  # (a launched plain step is still finished on close)
                     failure = err
-            # (from here on, on an asynchronous target, the device computes the next round)
-            name = draft.source if draft and tokens else "none"
-            sources = [draft_source] * accepted + [source]
-            stats.record_round(name, len(tokens), accepted, t_draft, t_target, t4 - t3)
-            yield Round(new, sources, name, len(tokens), accepted, logprobs)
+            yield rnd
             if failure is not None:
                 raise failure
     finally:
-        if pending is not None:  # a launched call whose round nobody will take
-            finish()
+        if pending is not None and pending.launched:
+            spec.finish()
+
+
+def rounds(target: Target, drafter: Drafter, prompt: Sequence[int], params: SamplingParams,
+           rng: np.random.Generator, draft_length: int, stats: Stats,
+           max_new_tokens: int | None = None, costs: CallCosts | None = None,
+           clock: Clock | None = None, guide: Guide | None = None) -> Iterator[Round]:
+    """Yield verification rounds until the context is full, by the driver the target's
+    capabilities call for; the generation's settings given one by one (the engine builds a
+    :class:`Generation` and calls :func:`speculate`)."""
+    gen = Generation(params, draft_length, max_new_tokens, costs, clock or time.perf_counter,
+                     guide)
+    return speculate(target, drafter, prompt, gen, rng, stats)
+
+
+def speculate(target: Target, drafter: Drafter, prompt: Sequence[int], gen: Generation,
+              rng: np.random.Generator, stats: Stats) -> Iterator[Round]:
+    """One generation's rounds: :func:`play_ahead` on an asynchronous target, else :func:`play`."""
+    spec = Speculator(target, drafter, prompt, gen, rng, stats)
+    return play_ahead(spec) if spec.ahead else play(spec)
