@@ -277,7 +277,7 @@ class Clock:
 
 def use_clock(monkeypatch, clock: Clock, *modules) -> Clock:
     """Make ``clock`` the ``time.perf_counter`` of each module (those that ``import time`` and
-    read only ``time.perf_counter``: runtime.calibration, runtime.drafters, runtime.loop)."""
+    read only ``time.perf_counter``: runtime.calibration, runtime.loop, the sources' modules)."""
     for module in modules:
         monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=clock))
     return clock

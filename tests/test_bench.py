@@ -781,11 +781,11 @@ def test_plot_has_a_panel_for_auto_draft_lengths_and_the_sweep(tmp_path):
 @pytest.mark.parametrize("window", [0, 64])
 def test_overhead_takes_the_draft_window(window, tmp_path, monkeypatch):
     from edgespec.cli.main import cli
-    from edgespec.runtime import drafters
+    from edgespec.runtime.sources import model as model_source
 
     seen = set()
-    real = drafters.draft_distribution
-    monkeypatch.setattr(drafters, "draft_distribution",
+    real = model_source.draft_distribution
+    monkeypatch.setattr(model_source, "draft_distribution",
                         lambda x, p, n=None, w=0: seen.add(w) or real(x, p, n, w))
     out = tmp_path / "overhead.json"
     res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "2000", "-r", "1",
@@ -801,7 +801,7 @@ def test_overhead_device_window_takes_sampled_drafts_from_the_windows(tmp_path, 
     # (window_distribution), none from a whole row on the host (draft_distribution)
     from edgespec.bench.overhead import device_windows, make_pools
     from edgespec.cli.main import cli
-    from edgespec.runtime import drafters
+    from edgespec.runtime.sources import model as model_source
 
     _, draft, _ = make_pools(2000)
     ids, logits = device_windows(draft, 64)
@@ -810,7 +810,7 @@ def test_overhead_device_window_takes_sampled_drafts_from_the_windows(tmp_path, 
         assert np.array_equal(np.sort(logits[r]), np.sort(draft[r])[-64:])
         assert np.array_equal(draft[r, ids[r]], logits[r])
     calls = {"window": 0}
-    real = drafters.window_distribution
+    real = model_source.window_distribution
 
     def window(*a):
         calls["window"] += 1
@@ -818,11 +818,11 @@ def test_overhead_device_window_takes_sampled_drafts_from_the_windows(tmp_path, 
 
     def whole_row(x, p, n=None, w=0):
         assert p.greedy, "a sampled draft read a whole row"
-        return drafters.draft_distribution.__wrapped__(x, p, n, w)
+        return model_source.draft_distribution.__wrapped__(x, p, n, w)
 
-    monkeypatch.setattr(drafters, "window_distribution", window)
-    whole_row.__wrapped__ = drafters.draft_distribution
-    monkeypatch.setattr(drafters, "draft_distribution", whole_row)
+    monkeypatch.setattr(model_source, "window_distribution", window)
+    whole_row.__wrapped__ = model_source.draft_distribution
+    monkeypatch.setattr(model_source, "draft_distribution", whole_row)
     out = tmp_path / "overhead.json"
     res = CliRunner().invoke(cli, ["bench", "--overhead", "--vocab", "2000", "-r", "1",
                                    "--device-window", "--json", str(out)])

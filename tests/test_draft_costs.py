@@ -15,7 +15,8 @@ import pytest
 from edgespec.core.costs import CallCosts, CostCurve
 from edgespec.core.policy import CostEstimate, Offer, Policy, PolicyConfig, RoundOutcome
 from edgespec.core.sampling import SamplingParams, make_rng
-from edgespec.runtime import drafters
+from edgespec.runtime.sources import auto as auto_source
+from edgespec.runtime.sources import model as model_source
 from edgespec.runtime.drafters import (AutoDrafter, Draft, LookupDrafter, ModelDrafter,
                                        Outcome)
 
@@ -35,7 +36,7 @@ def _exact_costs() -> CallCosts:
 
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
-    return use_clock(monkeypatch, Clock(), drafters)
+    return use_clock(monkeypatch, Clock(), model_source, auto_source)
 
 
 def _graph_lm(clock: Clock, **kw) -> TimedLM:
@@ -82,13 +83,13 @@ def test_a_sampled_drafts_price_holds_the_hosts_work_on_it(clock, monkeypatch):
     lm = _graph_lm(clock, n_ctx=128)
     text = _text(80)
     lm.decode(text[:39], 0)
-    real = drafters.draft_distribution
+    real = model_source.draft_distribution
 
     def slow(*args, **kw):
         clock.now += 0.5e-3
         return real(*args, **kw)
 
-    monkeypatch.setattr(drafters, "draft_distribution", slow)
+    monkeypatch.setattr(model_source, "draft_distribution", slow)
     model = ModelDrafter(lm, 16, window=0)
     model.propose(text[:40], 5, SamplingParams(temperature=0.8), make_rng(0))
     assert model.step_cost() == pytest.approx(STEADY + 0.5e-3)

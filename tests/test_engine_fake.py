@@ -226,16 +226,16 @@ def test_a_bad_draft_window_is_a_config_error_before_any_model_loads(window):
 
 
 def test_the_engines_draft_window_reaches_the_draft_model(monkeypatch):
-    from edgespec.runtime import drafters
+    from edgespec.runtime.sources import model as model_source
 
     windows = []
-    real = drafters.draft_distribution
+    real = model_source.draft_distribution
 
     def recording(logits, params, n_vocab=None, window=0):
         windows.append(window)
         return real(logits, params, n_vocab, window)
 
-    monkeypatch.setattr(drafters, "draft_distribution", recording)
+    monkeypatch.setattr(model_source, "draft_distribution", recording)
     e = build(draft="perturbed")
     engine = Engine(e.target, e.draft, drafter="model", draft_length=4, draft_window=3)
     out = complete(engine, max_tokens=12, sampling=SamplingParams(temperature=1.0, seed=3))
@@ -671,9 +671,10 @@ def test_auto_on_a_gpu_like_engine_gives_the_plain_text(monkeypatch):
     learning from its own rounds' times: on a repetitive answer that then goes its own way it
     drafts with lookup and with the model, and greedy output is plain decoding's, token for
     token."""
-    from edgespec.runtime import calibration, drafters, loop
+    from edgespec.runtime import calibration, loop
+    from edgespec.runtime.sources import auto as auto_source, model as model_source
 
-    clock = use_clock(monkeypatch, Clock(), calibration, drafters, loop)
+    clock = use_clock(monkeypatch, Clock(), calibration, model_source, auto_source, loop)
     graphs = dict(changed=1.5e-3, second=1.0e-3)
     timed = (clock, dict(steady=_gpu_steady, **graphs), dict(steady=_draft_steady, **graphs))
     script = HELLO * 4  # then free text, which lookup has not seen: the model's rounds

@@ -33,7 +33,7 @@ from edgespec.core.sampling import SamplingParams
 from edgespec.core.stats import Stats
 from edgespec.errors import ConfigError, ContextOverflowError, EdgespecError
 from edgespec.runtime.constraint import Constraint
-from edgespec.runtime.drafters import DRAFTER_NAMES
+from edgespec.runtime import sources
 from tui.conversation import Conversation, default_save_stem, short_meta
 from tui.screens import HelpScreen
 from tui.speed import RollingRate
@@ -42,8 +42,8 @@ from tui.widgets import AssistantMessage, NoteMessage, StatsPanel, UserMessage
 from tui.widgets.prompt import ChatInput
 from tui.widgets.stats_panel import TurnView, fmt_k
 
-#: Order in which ctrl+d cycles the drafter.
-DRAFTER_CYCLE = ("auto", "hybrid", "model", "lookup", "none")
+#: Order in which ctrl+d cycles the drafter: the registry's.
+DRAFTER_CYCLE = sources.NAMES
 #: Values ctrl+t cycles the temperature through (/temp X sets any other).
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 
@@ -56,7 +56,8 @@ WELCOME = (
 )
 
 COMMANDS = [
-    ("/drafter NAME", "drafter for the next turns: auto, hybrid, model, lookup or none"),
+    ("/drafter NAME", f"drafter for the next turns: {', '.join(DRAFTER_CYCLE[:-1])} or "
+                      f"{DRAFTER_CYCLE[-1]}"),
     ("/k N|auto", f"draft length (tokens drafted per round, 0-{config.MAX_DRAFT_LENGTH}; "
                   "auto: chosen each round)"),
     ("/temp X", "temperature (0 = greedy)"),
@@ -176,7 +177,7 @@ class ChatApp(App[None]):
         ("ctrl+q", "quit (stops the answer first)"),
         ("f1", "this help"),
         ("escape", "stop the answer; the partial answer stays in the conversation"),
-        ("ctrl+d", "cycle the drafter: auto → hybrid → model → lookup → none (plain decoding)"),
+        ("ctrl+d", f"cycle the drafter: {' → '.join(DRAFTER_CYCLE)} (none: plain decoding)"),
         ("ctrl+k / ctrl+j", "draft length up / down (tokens drafted per round)"),
         ("ctrl+t", "cycle the temperature: " + ", ".join(f"{t:g}" for t in TEMPERATURES)),
         ("ctrl+o", "colour tokens by provenance on / off (off: answers rendered as Markdown)"),
@@ -308,7 +309,7 @@ class ChatApp(App[None]):
         if choice is not None:  # the draft was picked for this target: say which and why
             picked = f"draft {choice.draft}: {choice.reason}" if choice.draft else choice.reason
             self.notify(picked, title="draft model", timeout=8)
-        if self.drafter in ("model", "hybrid") and not self._has_draft_model():
+        if self.drafter not in sources.usable(self._has_draft_model()):
             self.notify(f"no draft model loaded: drafter {self.drafter} → lookup", severity="warning")
             self.drafter = "lookup"
         self.query_one("#loading").remove()
@@ -482,15 +483,12 @@ class ChatApp(App[None]):
         self.exit()
 
     def action_cycle_drafter(self) -> None:
-        choices = [d for d in DRAFTER_CYCLE if d in DRAFTER_NAMES
-                   and (d not in ("model", "hybrid") or self._has_draft_model())]
+        choices = sources.usable(self._has_draft_model())
         i = choices.index(self.drafter) if self.drafter in choices else -1
         self.set_drafter(choices[(i + 1) % len(choices)])
 
     def set_drafter(self, name: str) -> None:
-        if name not in DRAFTER_NAMES:
-            raise ConfigError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_CYCLE)}")
-        if name in ("model", "hybrid") and not self._has_draft_model():
+        if not sources.spec(name).usable(self._has_draft_model()):
             raise ConfigError(f"drafter {name} needs a draft model: start with --drafter {name} "
                               "(or --draft NAME|PATH)")
         self.drafter = name
@@ -573,7 +571,7 @@ class ChatApp(App[None]):
     def get_system_commands(self, screen: Screen):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Stop the answer", "Stop generating (escape)", self.action_stop)
-        yield SystemCommand("Cycle drafter", "auto → hybrid → model → lookup → none (ctrl+d)",
+        yield SystemCommand("Cycle drafter", f"{' → '.join(DRAFTER_CYCLE)} (ctrl+d)",
                             self.action_cycle_drafter)
         yield SystemCommand("Draft length +1", "ctrl+k", lambda: self.action_draft_length(1))
         yield SystemCommand("Draft length -1", "ctrl+j", lambda: self.action_draft_length(-1))

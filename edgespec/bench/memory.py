@@ -218,14 +218,13 @@ def _child(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     if args.side.startswith("edgespec"):
         from ..runtime.backend import set_verbose
-        from ..runtime.drafters import DRAFTER_NAMES
         from ..runtime.engine import Engine
 
         set_verbose(False)
         if args.side == "edgespec-none" or args.draft is None:
             drafter = "none" if args.side == "edgespec-none" else "lookup"
         else:
-            drafter = "auto" if "auto" in DRAFTER_NAMES else "hybrid"
+            drafter = "auto"
         engine = Engine.load(args.target, args.draft if drafter != "none" else None,
                              drafter=drafter, n_ctx=args.n_ctx, n_threads=args.threads,
                              batch_consistent=not args.fast_kernels, download=False, progress=False)

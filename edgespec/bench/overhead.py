@@ -40,13 +40,13 @@ from ..core.policy import CostEstimate, Policy
 from ..core.sampling import SamplingParams, make_rng, top_window
 from ..core.stats import Stats
 from ..errors import ConfigError
+from ..runtime import sources
 from ..runtime.allocator import keep_freed_memory
-from ..runtime.drafters import make_drafter
 from ..runtime.loop import prefill, rounds
 
 #: The default target's vocabulary (Qwen2.5-Coder).
 DEFAULT_VOCAB = 151_936
-DRAFTERS = ("none", "lookup", "model", "hybrid", "auto")
+DRAFTERS = tuple(reversed(sources.NAMES))  #: plain decoding first
 LENGTHS = (4, 16)
 SAMPLINGS: dict[str, SamplingParams] = {
     "greedy": SamplingParams(temperature=0.0),
@@ -243,7 +243,7 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
             n_tokens: int, seed: int = 0, draft_window: int = DRAFT_WINDOW,
             windows: tuple[np.ndarray, np.ndarray] | None = None) -> OverheadResult:
     """Generate ``n_tokens`` with one configuration; return its host time (best of warm runs).
-    ``draft_window``: the draft model's proposal window (see ``make_drafter``); ``windows``:
+    ``draft_window``: the draft model's proposal window (see ``sources.make_drafter``); ``windows``:
     the draft pool's :func:`device_windows` of that size, to take them as from a GPU."""
     keep_freed_memory()  # as the engine does
     target_pool, draft_pool, _ = pools
@@ -251,12 +251,13 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
     params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
     n_ctx = len(prompt) + n_tokens + 64
     target = SyntheticModel(target_pool, n_ctx)
-    draft = (SyntheticModel(draft_pool, n_ctx, windows)
-             if drafter in ("model", "hybrid", "auto") else None)
+    source = sources.spec(drafter)
+    draft = SyntheticModel(draft_pool, n_ctx, windows) if source.uses_draft_model else None
     policy = None
-    if drafter == "auto":
+    if source.chooser:
         policy = Policy(CallCosts(CostCurve(dict(GPU_CURVE))), CostEstimate(GPU_DRAFT_TOKEN))
-    made = make_drafter(drafter, draft, target.n_vocab, policy=policy, draft_window=draft_window)
+    made = sources.make_drafter(drafter, draft, target.n_vocab, policy=policy,
+                                draft_window=draft_window)
     if policy is not None:  # keep auto's costs GPU-like: the synthetic calls cost nothing
         policy.costs.observe = lambda *call: None  # type: ignore[method-assign]
         policy.lookup_cost.observe = lambda s: None  # type: ignore[method-assign]
