@@ -14,6 +14,7 @@ import click
 from .. import config
 from ..errors import ConfigError, EdgespecError, read_text_file
 from ..runtime.drafters import DRAFTER_NAMES
+from ..runtime.options import LoadOptions, one_constraint, validate_draft_length
 from ..runtime.rpc import DEFAULT_RPC_TIMEOUT_S
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -39,6 +40,23 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class Checked(click.ParamType):
+    """An integer option checked by the engine's own validator (``check``: the value, or a
+    ConfigError), so the command line accepts what the API and the server do."""
+
+    name = "integer"
+
+    def __init__(self, check: Callable[[int], int | None]) -> None:
+        self.check = check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.INT.convert(value, param, ctx)
+        try:
+            return self.check(number)
+        except ConfigError as err:
+            self.fail(str(err), param, ctx)
+
+
 def model_options(func):
     """Options shared by every command that loads models."""
     options = [
@@ -54,9 +72,8 @@ def model_options(func):
         click.option("--drafter", type=click.Choice(DRAFTER_NAMES), default=config.DEFAULT_DRAFTER,
                      show_default=True, help="Who proposes tokens: `auto` picks plain decoding, lookup or the draft "
                           "model (and k) each round by measured cost; `none` is plain decoding."),
-        click.option("--draft-length", "-k", type=click.IntRange(0, config.MAX_DRAFT_LENGTH),
-                     default=None,
-                     help=f"Tokens drafted per round [default: auto chooses 0-"
+        click.option("--draft-length", "-k", type=Checked(validate_draft_length), default=None,
+                     help=f"Tokens drafted per round, 0-{config.MAX_DRAFT_LENGTH} [default: auto chooses 0-"
                           f"{config.AUTO_MAX_DRAFT_LENGTH} each round; other drafters "
                           f"{config.DEFAULT_DRAFT_LENGTH}]. With auto, a cap."),
         click.option("--max-ngram", type=click.IntRange(1, 64), default=config.DEFAULT_MAX_NGRAM,
@@ -175,29 +192,9 @@ def load_engine(opts: dict, *, progress: bool = True):
     from ..runtime.backend import set_verbose
     from ..runtime.engine import Engine
 
+    options = LoadOptions.from_cli(opts)  # checked before llama.cpp's log is switched on
     set_verbose(opts["verbose"])
-    return Engine.load(
-        opts["target"],
-        opts["draft"],
-        pair=opts["pair"],
-        drafter=opts["drafter"],
-        draft_length=opts["draft_length"],
-        max_ngram=opts["max_ngram"],
-        min_ngram=opts["min_ngram"],
-        draft_window=opts["draft_window"],
-        n_gpu_layers=opts["n_gpu_layers"],
-        draft_n_gpu_layers=opts["draft_n_gpu_layers"],
-        rpc=opts["rpc"],
-        draft_rpc=opts["draft_rpc"],
-        rpc_timeout=opts["rpc_timeout"],
-        tensor_split=opts["tensor_split"],
-        n_threads=opts["threads"],
-        n_ctx=opts["n_ctx"],
-        batch_consistent=not opts["fast_kernels"],
-        fixed_width=opts["fixed_width"],
-        exact=opts.get("exact", False),
-        progress=progress,
-    )
+    return Engine.load(options=options, progress=progress)
 
 
 def make_sampling(opts: dict):
@@ -244,24 +241,23 @@ def make_constraint(opts: dict):
     missing file, bad JSON, a bad schema or a bad grammar is one ConfigError naming it."""
     from ..runtime.constraint import Constraint, check
 
-    schema, grammar = opts.get("schema"), opts.get("grammar")
-    given = [flag for flag, value in (("--schema", schema), ("--json-object",
-                                       opts.get("json_object")), ("--grammar", grammar)) if value]
-    if len(given) > 1:
-        raise ConfigError(f"give one of --schema, --json-object and --grammar, not "
-                          f"{' and '.join(given)}")
-    if not given:
+    # (which one, before any file is read)
+    chosen = one_constraint([("--schema", opts.get("schema")),
+                             ("--json-object", opts.get("json_object") or None),
+                             ("--grammar", opts.get("grammar"))])
+    if chosen is None:
         return None
-    if schema is not None:
-        constraint = Constraint.json_schema(_schema(schema))
-    elif grammar is not None:
-        constraint = Constraint.grammar(_grammar(grammar))
+    flag, value = chosen
+    if flag == "--schema":
+        constraint = Constraint.json_schema(_schema(value))
+    elif flag == "--grammar":
+        constraint = Constraint.grammar(_grammar(value))
     else:
         constraint = Constraint.json_object()
     try:
         check(constraint)
     except ConfigError as err:
-        raise ConfigError(f"{given[0]}: {_one_line(str(err))}") from None
+        raise ConfigError(f"{flag}: {_one_line(str(err))}") from None
     return constraint
 
 

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .. import config
 from ..core.costs import CallCosts, Clock
@@ -33,26 +33,18 @@ from .constraint import Constraint, Matcher
 from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
 from .guide import Guide
 from .loop import prefill, rounds
-from .rpc import DEFAULT_RPC_TIMEOUT_S
+from .options import (  # (exact_width: also the engine's for its callers)
+    TOOL_CHOICE,
+    LoadOptions,
+    exact_width,  # noqa: F401
+    one_constraint,
+    validate_draft_length,
+    validate_draft_window,
+)
 
 log = logging.getLogger(__name__)
 
 Prompt = str | Sequence[dict[str, str]]
-
-
-def exact_width(fixed_width: int, batch_consistent: bool, n_gpu_layers: int,
-                rpc: Sequence[str]) -> int:
-    """The fixed width an exact engine needs: ``fixed_width`` if set, else 0 where the target's
-    layers all run on this CPU (the pieces of 3 are exact there) and ``EXACT_FIXED_WIDTH``
-    where kernels follow the batch width (a local GPU, RPC workers, whose devices are not
-    known here). Fast kernels cannot be exact."""
-    if not batch_consistent:
-        raise ConfigError("exact decoding and fast kernels contradict each other: choose one")
-    if fixed_width:
-        return fixed_width
-    from .backend import offloads_locally
-
-    return config.EXACT_FIXED_WIDTH if rpc or offloads_locally(n_gpu_layers, rpc) else 0
 
 
 class EngineBusyError(EdgespecError):
@@ -126,23 +118,6 @@ class Collector:
                           self.stats if self.stats is not None else Stats())
 
 
-def validate_draft_length(k: int | None) -> int | None:
-    """``None`` (the default: ``auto`` chooses, fixed drafters use DEFAULT_DRAFT_LENGTH) or an
-    integer in [0, MAX_DRAFT_LENGTH]."""
-    if k is None:
-        return None
-    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= config.MAX_DRAFT_LENGTH:
-        raise ConfigError(f"draft length must be an integer in [0, {config.MAX_DRAFT_LENGTH}], got {k!r}")
-    return k
-
-
-def validate_draft_window(window: int) -> int:
-    """``window`` if it is a valid draft window (an int >= 0), else a ConfigError."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ConfigError(f"draft_window must be an integer >= 0 (0 = the whole row), got {window!r}")
-    return window
-
-
 def _same_file(target, draft) -> bool:
     """Whether two backends load the same model file (fakes without a ``path``: no)."""
     a, b = getattr(target, "path", None), getattr(draft, "path", None)
@@ -160,16 +135,17 @@ def validate_logprobs(n: int | None) -> int | None:
 
 
 def make_constraint(constraint: Constraint | None = None, json_schema: dict | str | None = None,
-                    json_object: bool = False, grammar: str | None = None) -> Constraint | None:
-    """The one constraint a generation asked for, or None; a ConfigError if it asked for
-    more than one."""
-    given = [c for c in (constraint,
-                         Constraint.json_schema(json_schema) if json_schema is not None else None,
-                         Constraint.json_object() if json_object else None,
-                         Constraint.grammar(grammar) if grammar is not None else None) if c]
-    if len(given) > 1:
-        raise ConfigError("give one constraint: a JSON schema, JSON object mode or a grammar")
-    return given[0] if given else None
+                    json_object: bool = False, grammar: str | None = None, *,
+                    tool_call: Constraint | None = None) -> Constraint | None:
+    """The one constraint a generation asked for (``tool_call``: the call its tool_choice
+    requires), or None; a ConfigError if it asked for more than one."""
+    chosen = one_constraint([
+        ("constraint", constraint),
+        ("json_schema", Constraint.json_schema(json_schema) if json_schema is not None else None),
+        ("json_object", Constraint.json_object() if json_object else None),
+        ("grammar", Constraint.grammar(grammar) if grammar is not None else None),
+        (TOOL_CHOICE, tool_call)])
+    return chosen[1] if chosen is not None else None
 
 
 def check_prompt(prompt: Prompt) -> None:
@@ -218,86 +194,63 @@ def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
 
 
 @dataclass(frozen=True)
-class _Placement:
-    """Where and how each model of :meth:`Engine.load` runs, every value checked before
-    anything loads."""
+class _Files:
+    """The models a load found: the target's name and file, and the draft's file (``None``:
+    none named, or the drafter uses no draft model)."""
 
-    threads: int
-    n_ctx: int
-    n_batch: int
-    n_gpu_layers: int
-    draft_n_gpu_layers: int
-    target_rpc: tuple[str, ...]
-    draft_rpc: tuple[str, ...]
-    rpc_timeout: float
-    tensor_split: tuple[float, ...]
-    batch_consistent: bool
-    fixed_width: int
-
-    @classmethod
-    def check(cls, n_threads, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, rpc, draft_rpc,
-              rpc_timeout, tensor_split, batch_consistent, fixed_width, exact) -> "_Placement":
-        """The defaults filled in (see :meth:`Engine.load`); a ConfigError for a bad value."""
-        from .backend import parse_tensor_split
-        from .rpc import parse_endpoints
-
-        threads = n_threads if n_threads is not None else config.default_threads()
-        if threads < 1:
-            raise ConfigError(f"threads must be >= 1, got {threads}")
-        if n_ctx < 16:
-            raise ConfigError(f"context size must be >= 16 tokens, got {n_ctx}")
-        target_rpc, drafts_rpc = parse_endpoints(rpc), parse_endpoints(draft_rpc)
-        split = parse_tensor_split(tensor_split)
-        if not rpc_timeout > 0:
-            raise ConfigError(f"RPC timeout must be > 0 seconds, got {rpc_timeout}")
-        if n_gpu_layers is None:
-            n_gpu_layers = -1 if target_rpc else 0
-        if draft_n_gpu_layers is None:
-            draft_n_gpu_layers = -1 if drafts_rpc else (0 if target_rpc else n_gpu_layers)
-        if exact:
-            fixed_width = exact_width(fixed_width, batch_consistent, n_gpu_layers, target_rpc)
-        return cls(threads, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, target_rpc,
-                   drafts_rpc, rpc_timeout, split, batch_consistent, fixed_width)
-
-    def _options(self, path: Path, ngl: int, consistent: bool, width: int,
-                 workers: tuple[str, ...], split: tuple[float, ...] = ()):
-        from .backend import ModelOptions
-
-        # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
-        # allocates plain buffers): the pieces then follow the plain kernels (7 rows).
-        return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=self.threads,
-                            n_ctx=self.n_ctx, n_batch=self.n_batch, batch_consistent=consistent,
-                            rpc=workers, rpc_timeout=self.rpc_timeout, repack=not workers,
-                            tensor_split=split, fixed_width=width)
-
-    def target_options(self, path: Path):
-        return self._options(path, self.n_gpu_layers, self.batch_consistent, self.fixed_width,
-                             self.target_rpc, self.tensor_split)
-
-    def draft_options(self, path: Path, same_file: bool):
-        """Exactness needs only the target's logits to be batch-independent: the draft's q is
-        whatever it samples from, so it keeps the fastest kernels. A draft that is the target's
-        own file keeps the target's settings (and, in the Engine, its whole rows): q == p."""
-        return self._options(path, self.draft_n_gpu_layers, self.batch_consistent and same_file,
-                             self.fixed_width if same_file else 0, self.draft_rpc)
+    target: str
+    target_path: Path
+    draft_path: Path | None
 
 
-def _load_draft(target_be, target: str, target_path: Path, draft_path: Path | None,
-                place: _Placement, download: bool, progress: bool):
+def _load_options(target, draft, options: LoadOptions | None, keywords: dict) -> LoadOptions:
+    """The record a load asked for: ``options``, or one built from the keywords; a ``target``
+    or ``draft`` given beside it wins over its own. Keywords beside a record are refused (which
+    would win, and over which filled-in default, is not for a caller to guess)."""
+    named = {key: value for key, value in (("target", target), ("draft", draft))
+             if value is not None}
+    if options is None:
+        return LoadOptions(**named, **keywords)
+    if keywords:
+        raise TypeError(f"Engine.load takes options or keywords, not both: {', '.join(keywords)}")
+    return replace(options, **named) if named else options
+
+
+def _find_models(options: LoadOptions, download: bool, progress: bool) -> _Files:
+    """The files to load, fetched before anything loads. A draft the drafter will not use is
+    checked all the same (not fetched): a typo still deserves an error."""
+    from ..models.catalog import resolve_pair
+    from ..models.resolve import check_model_argument, resolve_model
+
+    target, draft = options.target, options.draft
+    uses_draft = options.drafter in MODEL_DRAFTERS
+    if draft is not None and not uses_draft:
+        check_model_argument(draft)
+    if target is None:
+        chosen = resolve_pair(options.pair)
+        target, draft = chosen.target, draft if draft is not None else chosen.draft
+    target_path = resolve_model(str(target), download=download, progress=progress)
+    draft_path = None
+    if draft is not None and uses_draft:
+        draft_path = resolve_model(str(draft), download=download, progress=progress)
+    return _Files(str(target), target_path, draft_path)
+
+
+def _load_draft(target_be, files: _Files, options: LoadOptions, download: bool, progress: bool):
     """The draft backend (or None) and the pick behind it (None where the user named one or
-    there was none to pick). Without ``draft_path`` one is picked once the target has loaded
+    there was none to pick). Without a draft file one is picked once the target has loaded
     (a file llama.cpp refuses needs no draft); a picked draft that turns out incompatible is
     said and dropped, the user's own raises."""
     from ..models.drafts import DraftChoice
     from .backend import LlamaBackend, check_compatible
 
-    choice = None
+    choice, draft_path = None, files.draft_path
     if draft_path is None:
-        choice, draft_path = _pick_draft(target, target_path, download, progress)
+        choice, draft_path = _pick_draft(files.target, files.target_path, download, progress)
         if draft_path is None:
             return None, choice
-    same_file = draft_path.resolve() == target_path.resolve()
-    draft_be = LlamaBackend(place.draft_options(draft_path, same_file))
+    same_file = draft_path.resolve() == files.target_path.resolve()
+    draft_be = LlamaBackend(options.draft_options(draft_path, same_file))
     try:
         check_compatible(target_be, draft_be)
     except IncompatibleDraftError as err:
@@ -383,100 +336,37 @@ class Engine:
     # ---- construction ----------------------------------------------------------------------
 
     @classmethod
-    def load(
-        cls,
-        target: str | os.PathLike | None = None,
-        draft: str | os.PathLike | None = None,
-        *,
-        pair: str = config.DEFAULT_PAIR,
-        drafter: str = config.DEFAULT_DRAFTER,
-        draft_length: int | None = None,
-        max_ngram: int = config.DEFAULT_MAX_NGRAM,
-        min_ngram: int = config.DEFAULT_MIN_NGRAM,
-        draft_window: int = config.DRAFT_WINDOW,
-        n_gpu_layers: int | None = None,
-        draft_n_gpu_layers: int | None = None,
-        rpc: str | Sequence[str] | None = None,
-        draft_rpc: str | Sequence[str] | None = None,
-        rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S,
-        tensor_split: str | Sequence[float] | None = None,
-        n_threads: int | None = None,
-        n_ctx: int = config.DEFAULT_N_CTX,
-        n_batch: int = config.DEFAULT_N_BATCH,
-        batch_consistent: bool = True,
-        fixed_width: int = 0,
-        exact: bool = False,
-        download: bool = True,
-        progress: bool = True,
-    ) -> "Engine":
-        """Load models by catalog name, hub reference (``OWNER/REPO[:QUANT]``,
-        ``OWNER/REPO/FILE.gguf``) or GGUF path; catalog and hub models are fetched on first use.
+    def load(cls, target: str | os.PathLike | None = None, draft: str | os.PathLike | None = None,
+             *, options: LoadOptions | None = None, download: bool = True, progress: bool = True,
+             **keywords: Any) -> "Engine":
+        """Load the models ``options`` names (or the keywords, :class:`LoadOptions`' fields,
+        checked before any model is looked for); catalog and hub models are fetched on first
+        use (``download``), with progress on stderr (``progress``).
 
-        With no ``target``, the catalog pair ``pair`` gives target and draft. With an explicit
-        ``target`` and no ``draft``, a drafter that uses a draft model (``auto``, ``model``,
-        ``hybrid``) gets one picked for the target (:func:`edgespec.models.drafts.choose_draft`:
-        the catalog's pair, else the smallest catalog draft with the target's tokenizer); when
-        none fits, drafting is by lookup only. The pick and why are in :attr:`draft_choice`
-        (``None`` when no pick was made) and, with ``progress``, said on stderr.
-        The draft model is only loaded when the drafter uses it (``auto``, ``model``, ``hybrid``).
-        ``rpc`` (``"HOST:PORT,..."`` or a list) puts the target's offloaded layers on those
-        ``edgespec worker`` processes, ``draft_rpc`` the draft's (by default the draft runs here).
-        ``n_gpu_layers`` defaults to every layer with ``rpc``, else none;
-        ``draft_n_gpu_layers`` to every layer with ``draft_rpc``, else none when the target is on
-        workers, else ``n_gpu_layers``. ``tensor_split`` (``"3,1"`` or numbers) shares the target's
-        offloaded layers among its devices by weight: the workers' devices in ``rpc`` order, then
-        this machine's GPUs (``edgespec info --rpc`` lists them in that order); without it they
-        go to the workers only (or, locally, as llama.cpp shares them by free memory).
-        A call to the workers that outlives ``rpc_timeout``
-        seconds, a worker that dies or answers nonsense, ends the process with one ``error:``
-        line (ggml cannot recover from it). ``batch_consistent`` makes the
-        target's logits independent of how many tokens are scored per call on the CPU;
-        ``fixed_width`` (tokens, 0 = off) does so on any device by making every target call
-        that reads logits that wide (see README, Exactness). ``exact`` asks for greedy
-        speculation equal to plain decoding bit for bit wherever the target runs: nothing more
-        on this machine's CPU (already exact), ``config.EXACT_FIXED_WIDTH`` as the fixed width
-        with layers on a GPU or on RPC workers (unless ``fixed_width`` names one).
-        ``draft_length=None`` lets ``auto`` choose k each round (fixed drafters then use
-        DEFAULT_DRAFT_LENGTH). ``draft_window``: a sampled draft model proposes from its this
-        many most likely tokens (0: its whole row; the output's distribution is the target's
-        either way, see :func:`edgespec.core.sampling.draft_distribution`); a draft that is
-        the target's own file always drafts from its whole rows, so that q == p. With drafter ``auto`` the costs are measured right after loading
+        With an explicit target and no draft, a drafter that uses a draft model (``auto``,
+        ``model``, ``hybrid``) gets one picked for the target
+        (:func:`edgespec.models.drafts.choose_draft`: the catalog's pair, else the smallest
+        catalog draft with the target's tokenizer); when none fits, drafting is by lookup only.
+        The pick and why are in :attr:`draft_choice` (``None`` when no pick was made) and, with
+        ``progress``, said on stderr. The draft model is only loaded when the drafter uses it.
+        A draft that is the target's own file always drafts from its whole rows, so that
+        q == p. With drafter ``auto`` the costs are measured right after loading
         (:meth:`calibrate`).
         """
-        from ..models.catalog import resolve_pair
-        from ..models.resolve import check_model_argument, resolve_model
         from .backend import LlamaBackend
 
-        check_drafter_name(drafter)
-        validate_draft_length(draft_length)
-        validate_draft_window(draft_window)
-        make_drafter("lookup", max_ngram=max_ngram, min_ngram=min_ngram)  # validates n-gram sizes
-        if draft is not None and drafter not in MODEL_DRAFTERS:
-            check_model_argument(str(draft))  # not loaded, but a typo still deserves an error
-        place = _Placement.check(n_threads, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, rpc,
-                                 draft_rpc, rpc_timeout, tensor_split, batch_consistent,
-                                 fixed_width, exact)
-        if target is None:
-            chosen = resolve_pair(pair)
-            target, draft = chosen.target, draft if draft is not None else chosen.draft
-        target_path = resolve_model(str(target), download=download, progress=progress)
-        draft_path = None
-        if draft is not None and drafter in MODEL_DRAFTERS:  # fetched before anything loads
-            draft_path = resolve_model(str(draft), download=download, progress=progress)
-        target_be = LlamaBackend(place.target_options(target_path))
+        options = _load_options(target, draft, options, keywords)
+        files = _find_models(options, download, progress)
+        target_be = LlamaBackend(options.target_options(files.target_path))
         draft_be = None
         try:
-            if drafter in MODEL_DRAFTERS:
-                draft_be, choice = _load_draft(target_be, str(target), target_path, draft_path,
-                                               place, download, progress)
+            if options.drafter in MODEL_DRAFTERS:
+                draft_be, choice = _load_draft(target_be, files, options, download, progress)
             else:
                 choice = None
-            if draft_be is None and drafter in ("model", "hybrid"):
-                drafter = "lookup"  # said when it was found: no draft model for this target
-            engine = cls(target_be, draft_be, drafter=drafter, draft_length=draft_length,
-                         max_ngram=max_ngram, min_ngram=min_ngram, draft_window=draft_window)
+            engine = cls._around(target_be, draft_be, options)
             engine.draft_choice = choice
-            if drafter == "auto":
+            if engine.drafter_name == "auto":
                 engine.calibrate()
             return engine
         except BaseException:
@@ -484,6 +374,17 @@ class Engine:
                 draft_be.close()
             target_be.close()
             raise
+
+    @classmethod
+    def _around(cls, target_be, draft_be, options: LoadOptions) -> "Engine":
+        """The engine over loaded models, drafting as ``options`` asks; ``model`` and ``hybrid``
+        draft by lookup where no draft model was found (said when it was found missing)."""
+        drafter = options.drafter
+        if draft_be is None and drafter in ("model", "hybrid"):
+            drafter = "lookup"
+        return cls(target_be, draft_be, drafter=drafter, draft_length=options.draft_length,
+                   max_ngram=options.max_ngram, min_ngram=options.min_ngram,
+                   draft_window=options.draft_window)
 
     @property
     def draft_window_mode(self) -> str:
@@ -636,23 +537,10 @@ class Engine:
         if isinstance(stop, str):
             stop = [stop]
         logprobs = validate_logprobs(logprobs)
-        constraint = make_constraint(constraint, json_schema, json_object, grammar)
-        if tools is not None or tool_choice is not None:
-            from . import tools as tooling
-
-            tooling.check_tools(tools, tool_choice)
-            # (llguidance's tokenizer says whether <tool_call> is a token of its own)
-            requires = tool_choice == "required" or isinstance(tool_choice, dict)
-            called = tooling.tool_constraint(
-                tools, tool_choice, self._tool_family(),
-                tokenizer=self.target.constraint_tokenizer if requires else None)
-            if called is not None:
-                if constraint is not None:
-                    raise ConfigError("a tool_choice that requires a call cannot be combined "
-                                      "with another constraint")
-                constraint = called
-            if tool_choice == "none":
-                tools = None
+        constraint = make_constraint(constraint, json_schema, json_object, grammar,
+                                     tool_call=self._tool_call(tools, tool_choice))
+        if tool_choice == "none":
+            tools = None
         n_vocab = self.target.n_vocab
         for token, _ in sampling.logit_bias:
             if token >= n_vocab:
@@ -697,9 +585,20 @@ class Engine:
             from . import tools as tooling
 
             done.content, done.tool_calls = tooling.parse_tool_calls(done.text, self._tool_family())
-            if done.tool_calls and done.finish_reason == "stop":  # (a cut call stays "length")
-                done.finish_reason = "tool_calls"
+            done.finish_reason = tooling.call_finish_reason(done.finish_reason, bool(done.tool_calls))
         return done
+
+    def _tool_call(self, tools: list[dict] | None, tool_choice: str | dict | None) -> Constraint | None:
+        """The constraint that makes the answer the call ``tool_choice`` requires (None: the
+        model is free); llguidance's tokenizer, made only then, says whether ``<tool_call>``
+        is a token of its own."""
+        if tools is None and tool_choice is None:
+            return None
+        from . import tools as tooling
+
+        tooling.check_tools(tools, tool_choice)  # (before the tokenizer: a second's work)
+        tokenizer = self.target.constraint_tokenizer if tooling.requires_call(tool_choice) else None
+        return tooling.tool_constraint(tools, tool_choice, self._tool_family(), tokenizer=tokenizer)
 
     def _tool_family(self) -> str:
         """How the target's chat template writes tool calls (:func:`~edgespec.runtime.tools.tool_family`)."""

@@ -29,8 +29,8 @@ from ..core.sampling import SamplingParams
 from ..errors import ConfigError
 from ..runtime.constraint import Constraint, check
 from ..runtime.drafters import check_drafter_name
-from ..runtime.engine import validate_draft_length
-from ..runtime.tools import check_tools
+from ..runtime.options import TOOL_CHOICE, ConstraintConflict, one_constraint, validate_draft_length
+from ..runtime.tools import check_tools, requires_call
 from .errors import APIError, bad_request
 
 _STRICT = ConfigDict(strict=True, extra="allow")
@@ -256,11 +256,8 @@ def to_generation(req: GenerationRequest, defaults: Defaults) -> Generation:
     n = _range(req.n, "n", 1, MAX_CHOICES, "choices run one after another") or 1
     kwargs = {"max_tokens": max_tokens, "sampling": _sampling(req, defaults.sampling),
               "stop": _stop(req.stop), "chat": chat, **kwargs}
-    constraint = _constraint(req)
+    constraint = _constraint(req, kwargs.get("tool_choice"))
     if constraint is not None:
-        if kwargs.get("tool_choice") == "required" or isinstance(kwargs.get("tool_choice"), dict):
-            raise bad_request("a tool_choice that requires a call cannot be combined with "
-                              "response_format, json_schema or grammar", param="tool_choice")
         kwargs["constraint"] = constraint
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
@@ -321,20 +318,22 @@ def _sampling(req: GenerationRequest, base: SamplingParams) -> SamplingParams:
                           else None) from None
 
 
-def _constraint(req: GenerationRequest) -> Constraint | None:
+def _constraint(req: GenerationRequest, tool_choice: Any = None) -> Constraint | None:
     """The one constraint ``response_format``, ``json_schema`` or ``grammar`` asks for,
-    compiled once here so that a bad schema or grammar is a 400 naming its parameter."""
-    given = [(name, c) for name, c in (
+    compiled once here so that a bad schema or grammar is a 400 naming its parameter; a
+    ``tool_choice`` that requires a call (the engine builds it) is one too."""
+    given = [
         ("response_format", _response_format(req.response_format)),
         ("json_schema", None if req.json_schema is None
          else _schema(req.json_schema, "json_schema", "json_schema")),
         ("grammar", None if req.grammar is None
          else _compiled(lambda: Constraint.grammar(req.grammar), "grammar", "grammar")),
-    ) if c is not None]
-    if len(given) > 1:
-        raise bad_request(f"give one of response_format, json_schema and grammar, not "
-                          f"{' and '.join(name for name, _ in given)}", param=given[1][0])
-    return given[0][1] if given else None
+        (TOOL_CHOICE, tool_choice if requires_call(tool_choice) else None)]
+    try:
+        chosen = one_constraint(given)
+    except ConstraintConflict as err:
+        raise bad_request(str(err), param=err.name) from None
+    return chosen[1] if chosen is not None and chosen[0] != TOOL_CHOICE else None
 
 
 def _response_format(value: dict[str, Any] | None) -> Constraint | None:
