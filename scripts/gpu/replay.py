@@ -408,7 +408,13 @@ def main() -> None:
     print(f"edgespec from {Path(edgespec.__file__).parent}", file=sys.stderr)
     clock = Clock()
     virtual = types.SimpleNamespace(perf_counter=clock, sleep=time.sleep, time=time.time)
-    for mod in (loop_module, drafters_module, costs_module):
+    timed = [loop_module, drafters_module, costs_module]
+    try:  # (a tree with one module per source: the modules that read the clock)
+        from edgespec.runtime.sources import auto as auto_source, model as model_source
+        timed += [auto_source, model_source]
+    except ImportError:
+        pass
+    for mod in timed:
         mod.time = virtual
 
     engine = Engine.load(progress=False)
