@@ -160,7 +160,7 @@ class Speculator:
 
     With a guide the rows are shaped per position, so the target's picks are not used. With a
     constraint, every proposal is cut to what the constraint allows before it is scored, and
-    where the constraint forces tokens (and the source drafts at all) those are the round's
+    where the constraint forces tokens (and the source ``drafts`` at all) those are the round's
     draft, source ``forced``: the source is not asked, nor told (``auto`` learns from its own
     rounds only). A drafting round's rows at positions the constraint leaves one token are not
     read (``unread_rows``: no output projection for them)."""
@@ -182,7 +182,7 @@ class Speculator:
         constrained = guide is not None and guide.constrained
         if guide is not None:
             guide.begin(self.committed)
-        self._forcing = constrained and drafter.name != "none"
+        self._forcing = constrained and drafter.drafts
         self._skip_rows = constrained and caps.unread_rows and guide.logprobs is None
         self._assures = self.ahead and not constrained  # (plain_next is asked)
         self._is_eog = getattr(target, "is_eog", None)

@@ -65,6 +65,9 @@ class Drafter:
     hooks the loop and ``auto`` call, with what a source that does not care answers."""
 
     name: str = "none"
+    #: whether it drafts at all (plain decoding does not: the constraint's forced tokens are
+    #: not drafted for it either, so that it stays the baseline)
+    drafts: bool = True
     #: the longest draft this source may propose (None: as long as the round allows)
     max_length: int | None = None
 
@@ -156,6 +159,7 @@ class _Defaults(Drafter):
         self.source = source
         self.name = getattr(source, "name", "custom")
         self.max_length = getattr(source, "max_length", None)
+        self.drafts = getattr(source, "drafts", self.name != "none")
         self.propose = source.propose
         for hook in ("observe", "plain_next", "wants_prompt_cached"):
             if callable(getattr(source, hook, None)):

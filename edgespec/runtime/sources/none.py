@@ -9,9 +9,11 @@ class NoDrafter(Drafter):
     """Proposes nothing: every round is one plain step."""
 
     name = "none"
+    drafts = False
 
     def propose(self, context, k, params, rng) -> Draft:
         return Draft(source="none")
 
 
-SPEC = SourceSpec("none", lambda kit: NoDrafter(), "plain decoding (the baseline)", drafts=False)
+SPEC = SourceSpec("none", lambda kit: NoDrafter(), "plain decoding (the baseline)",
+                  drafts=NoDrafter.drafts)
