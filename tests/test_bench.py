@@ -570,13 +570,14 @@ def test_the_reference_runs_with_the_targets_offload_and_the_settings_record_it(
     assert settings["draft_window"] == 64 and settings["draft_window_mode"] == "host"
 
 
-def test_auto_is_skipped_with_a_reason_when_it_cannot_run(fake_bench, monkeypatch):
+def test_a_source_that_cannot_run_here_is_skipped_with_a_reason(fake_bench, monkeypatch):
     invoke, tmp = fake_bench
-    monkeypatch.setattr("edgespec.runtime.drafters.DRAFTER_NAMES", ("none", "lookup", "model", "hybrid"))
-    res = invoke("--drafters", "none,auto", "-n", "4", "--repeats", "1", "--no-warmup")
+    alone = Engine(pair(16, n_ctx=512)[0], None, drafter="lookup")  # no draft model loaded
+    monkeypatch.setattr(bench_cli, "_load", lambda opts: contextlib.nullcontext(alone))
+    res = invoke("--drafters", "none,model", "-n", "4", "--repeats", "1", "--no-warmup")
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp / "r.json").read_text())
-    assert [s["config"] for s in doc["skipped"]] == ["auto"]
+    assert doc["skipped"] == [{"config": "model", "reason": "no draft model loaded (--draft)"}]
     assert {r["config"] for r in doc["runs"]} == {"none"}
 
 

@@ -175,14 +175,14 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                   device_window)
         return
     from ..core.sampling import SamplingParams
-    from ..runtime.drafters import DRAFTER_NAMES
+    from ..runtime import sources
 
     # Everything the user typed is checked before any model loads.
     temperatures = parse_temperatures(opts["temperature"])
     base = SamplingParams(temperature=0.0, top_k=opts["top_k"], top_p=opts["top_p"],
                           min_p=opts["min_p"], seed=opts["seed"])
     prompts = select_prompts(load_prompts(prompts_file), only, parse_list(kinds, "--kinds"))
-    names = parse_drafters(drafters, DRAFTER_NAMES)
+    names = parse_drafters(drafters, sources.NAMES)
     ks = parse_lengths(lengths, config.MAX_DRAFT_LENGTH)
     sides = parse_list(memory_sides, "--memory-sides")
     bad = [s for s in sides if s not in SIDES]
@@ -243,7 +243,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
                     sweep_result = run_sweep(engine)
                     print_sweep(sweep_result, click.echo)
                 if runs:
-                    configs, skipped = _configs(engine, names, ks, DRAFTER_NAMES)
+                    configs, skipped = _configs(engine, names, ks)
                     for s in skipped:
                         echo_err(f"skipping {s['config']}: {s['reason']}")
                     if llama_cpp_bin is not None:
@@ -344,10 +344,8 @@ def _run_anchors(anchors: dict, bin_dir: Path, settings: anchors_mod.AnchorSetti
 
 
 def _load(opts: dict):
-    from ..runtime.drafters import DRAFTER_NAMES
-
     # a target without --draft gets the draft picked for it (or none: lookup only)
-    return load_engine(dict(opts, drafter="auto" if "auto" in DRAFTER_NAMES else "hybrid"))
+    return load_engine(dict(opts, drafter=config.DEFAULT_DRAFTER))
 
 
 def _resolve_paths(opts: dict) -> tuple[Path, Path | None]:
@@ -368,15 +366,14 @@ def _resolve_paths(opts: dict) -> tuple[Path, Path | None]:
     return t, d
 
 
-def _configs(engine, names, ks, known) -> tuple[list[Config], list[dict]]:
+def _configs(engine, names, ks) -> tuple[list[Config], list[dict]]:
     """The configurations that can run with this engine, and why the others cannot."""
+    from ..runtime import sources
+
     configs, skipped = [], []
 
     def usable(name) -> bool:
-        if name not in known:
-            skipped.append({"config": name, "reason": "this edgespec has no such drafter yet"})
-            return False
-        if name in ("model", "hybrid") and engine.draft is None:
+        if not sources.spec(name).usable(engine.draft is not None):
             skipped.append({"config": name, "reason": "no draft model loaded (--draft)"})
             return False
         return True

@@ -84,6 +84,7 @@ def models_to_fetch(opts: dict) -> list[str]:
     from edgespec.errors import EdgespecError
     from edgespec.models.catalog import HubEntry, hub_ref_of, load_catalog, looks_like_path
     from edgespec.models.download import verified_path
+    from edgespec.runtime import sources
 
     try:
         catalog = load_catalog()
@@ -91,7 +92,8 @@ def models_to_fetch(opts: dict) -> list[str]:
         if target is None:
             pair = catalog.pair(opts["pair"])
             target, draft = pair.target, draft if draft is not None else pair.draft
-        names = [target] + ([draft] if draft is not None and opts["drafter"] in ("model", "hybrid") else [])
+        uses_draft = sources.spec(opts["drafter"]).uses_draft_model
+        names = [target] + ([draft] if draft is not None and uses_draft else [])
         missing = []
         for name in names:
             ref = hub_ref_of(name)

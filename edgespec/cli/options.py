@@ -13,7 +13,7 @@ import click
 
 from .. import config
 from ..errors import ConfigError, EdgespecError, read_text_file
-from ..runtime.drafters import DRAFTER_NAMES
+from ..runtime import sources
 from ..runtime.options import LoadOptions, one_constraint, validate_draft_length
 from ..runtime.rpc import DEFAULT_RPC_TIMEOUT_S
 
@@ -69,7 +69,7 @@ def model_options(func):
         click.option("--draft", "-d", "draft", metavar="MODEL",
                      help="Draft model, given as --target is (default: the pair's draft; with "
                           "--target, the catalog draft that fits it: see `edgespec models drafts`)."),
-        click.option("--drafter", type=click.Choice(DRAFTER_NAMES), default=config.DEFAULT_DRAFTER,
+        click.option("--drafter", type=click.Choice(sources.NAMES), default=config.DEFAULT_DRAFTER,
                      show_default=True, help="Who proposes tokens: `auto` picks plain decoding, lookup or the draft "
                           "model (and k) each round by measured cost; `none` is plain decoding."),
         click.option("--draft-length", "-k", type=Checked(validate_draft_length), default=None,

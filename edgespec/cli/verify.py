@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .. import config
 from ..bench import verify as v
 from ..errors import ConfigError
 from ..runtime.kernels import BATCH_DEPENDENT, EXACT_PIECES, describe, mode_of
@@ -21,7 +22,6 @@ from .options import (
 )
 
 #: Drafters that cannot run without a draft model (auto falls back to lookup).
-NEED_DRAFT = ("model", "hybrid")
 
 #: Exit code when the audit ran and found a difference (user errors exit 1/2, Ctrl-C 130).
 FAILED_EXIT = 3
@@ -86,7 +86,7 @@ verify.params = [temperature if p.name == "temperature" else p
 def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_prompt, raw,
             samples, tokens, alpha, as_json, **opts) -> None:
     from ..bench.prompts import load_prompts, select_prompts
-    from ..runtime.drafters import DRAFTER_NAMES
+    from ..runtime import sources
     from .options import load_engine, make_constraint, make_sampling
 
     # Everything the user typed is checked before any model loads.
@@ -94,7 +94,7 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
     constraint = make_constraint(opts)
     sampling = params.temperature > 0
     prompts = select_prompts(load_prompts(prompts_file), only) if greedy else []
-    names = _parse_drafters(drafters, DRAFTER_NAMES)
+    names = _parse_drafters(drafters, sources.NAMES)
     if not (greedy or sampling):
         raise ConfigError("nothing to audit: --no-greedy needs a --temperature above 0")
     chat = sampling_prompt is not None and not raw
@@ -107,13 +107,13 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
             click.echo(f"  ... {msg}", err=True)
 
     try:
-        with load_engine(dict(opts, drafter="auto" if "auto" in DRAFTER_NAMES else "lookup"),
+        with load_engine(dict(opts, drafter=config.DEFAULT_DRAFTER),
                          progress=not as_json) as engine:
-            if names is None:
-                names = [n for n in DRAFTER_NAMES
-                         if n != "none" and (engine.draft is not None or n not in NEED_DRAFT)]
-            elif engine.draft is None and set(names) & set(NEED_DRAFT):
-                raise ConfigError(f"drafters {', '.join(sorted(set(names) & set(NEED_DRAFT)))} "
+            usable = sources.usable(engine.draft is not None)
+            if names is None:  # every source that drafts and can run here
+                names = [n for n in usable if sources.spec(n).drafts]
+            elif set(names) - set(usable):
+                raise ConfigError(f"drafters {', '.join(sorted(set(names) - set(usable)))} "
                                   "need a draft model (--draft)")
             g = v.verify_greedy(engine, [(p.id, p.payload, not p.raw) for p in prompts], names,
                                 greedy_tokens, progress=say, params=params,

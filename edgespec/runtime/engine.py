@@ -1,7 +1,7 @@
 """The public engine: load a target (and draft), stream exact speculative completions.
 
 Layers, each a generator over the one below (as in mlx-lm):
-``loop.rounds`` (tokens per verification round) -> ``Engine.stream`` (text chunks with
+``loop.speculate`` (tokens per verification round) -> ``Engine.stream`` (text chunks with
 provenance, stop conditions and live stats) -> ``Engine.complete`` (joins the stream).
 """
 
@@ -30,9 +30,9 @@ from .allocator import keep_freed_memory
 from .calibration import measure_call_costs, measure_draft_cost, warm_widths
 from .capabilities import capabilities
 from .constraint import Constraint, Matcher
-from .drafters import MODEL_DRAFTERS, check_drafter_name, make_drafter
+from . import sources
 from .guide import Guide
-from .loop import prefill, rounds
+from .loop import Generation, prefill, speculate
 from .options import (  # (exact_width: also the engine's for its callers)
     TOOL_CHOICE,
     LoadOptions,
@@ -159,11 +159,9 @@ def check_prompt(prompt: Prompt) -> None:
 
 
 def effective_draft_length(drafter: str, k: int | None) -> int:
-    """The per-round cap: ``auto`` chooses up to AUTO_MAX_DRAFT_LENGTH, others draft exactly
-    DEFAULT_DRAFT_LENGTH, unless the user set k."""
-    if k is not None:
-        return k
-    return config.AUTO_MAX_DRAFT_LENGTH if drafter == "auto" else config.DEFAULT_DRAFT_LENGTH
+    """The per-round cap: ``k`` if the user set it, else the source's default
+    (:func:`~edgespec.runtime.sources.default_length`)."""
+    return k if k is not None else sources.default_length(drafter)
 
 
 def _note(progress: bool, message: str) -> None:
@@ -223,7 +221,7 @@ def _find_models(options: LoadOptions, download: bool, progress: bool) -> _Files
     from ..models.resolve import check_model_argument, resolve_model
 
     target, draft = options.target, options.draft
-    uses_draft = options.drafter in MODEL_DRAFTERS
+    uses_draft = sources.spec(options.drafter).uses_draft_model
     if draft is not None and not uses_draft:
         check_model_argument(draft)
     if target is None:
@@ -316,9 +314,9 @@ class Engine:
         self.draft_window = validate_draft_window(draft_window)
         if draft is not None and _same_file(target, draft):
             self.draft_window = 0  # a self-draft's q must stay its target's p, bit for bit
-        self.drafter_name = check_drafter_name(drafter)
-        if drafter in ("model", "hybrid") and draft is None:
+        if not sources.spec(drafter).usable(draft is not None):
             raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
+        self.drafter_name = drafter
         self.draft_length = validate_draft_length(draft_length)
         self.costs: Costs | None = None
         #: the ``auto`` drafter's tunables (an experiment is another config)
@@ -360,13 +358,13 @@ class Engine:
         target_be = LlamaBackend(options.target_options(files.target_path))
         draft_be = None
         try:
-            if options.drafter in MODEL_DRAFTERS:
+            if sources.spec(options.drafter).uses_draft_model:
                 draft_be, choice = _load_draft(target_be, files, options, download, progress)
             else:
                 choice = None
             engine = cls._around(target_be, draft_be, options)
             engine.draft_choice = choice
-            if engine.drafter_name == "auto":
+            if sources.spec(engine.drafter_name).chooser:  # (it plays by measured costs)
                 engine.calibrate()
             return engine
         except BaseException:
@@ -379,9 +377,8 @@ class Engine:
     def _around(cls, target_be, draft_be, options: LoadOptions) -> "Engine":
         """The engine over loaded models, drafting as ``options`` asks; ``model`` and ``hybrid``
         draft by lookup where no draft model was found (said when it was found missing)."""
-        drafter = options.drafter
-        if draft_be is None and drafter in ("model", "hybrid"):
-            drafter = "lookup"
+        drafter = options.drafter if draft_be is not None else \
+            sources.without_draft_model(options.drafter)
         return cls(target_be, draft_be, drafter=drafter, draft_length=options.draft_length,
                    max_ngram=options.max_ngram, min_ngram=options.min_ngram,
                    draft_window=options.draft_window)
@@ -439,7 +436,7 @@ class Engine:
 
     def _policy(self) -> Policy:
         costs = self.costs if self.costs is not None else self.calibrate()
-        return Policy(costs.target, costs.draft, self.policy_config)
+        return Policy(costs.target, costs.draft, self.policy_config, max_ngram=self.max_ngram)
 
     def close(self) -> None:
         """Free both models.
@@ -548,17 +545,17 @@ class Engine:
                                   f"({n_vocab} tokens)")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        name = check_drafter_name(drafter or self.drafter_name)
+        name = sources.check_name(drafter or self.drafter_name)
+        source = sources.spec(name)
         k = effective_draft_length(
             name, validate_draft_length(self.draft_length if draft_length is None else draft_length))
         matcher = (Matcher(constraint, self.target.constraint_tokenizer, n_vocab)
                    if constraint is not None else None)
         guide = (Guide(sampling, matcher, logprobs=logprobs, is_eog=self.target.is_eog)
                  if matcher is not None or sampling.shaped or logprobs is not None else None)
-        policy = self._policy() if name == "auto" else None
-        drafter_obj = make_drafter(name, self.draft, n_vocab, policy=policy,
-                                   max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                   draft_window=self.draft_window, guide=guide)
+        kit = sources.Kit(self.draft, n_vocab, self.max_ngram, self.min_ngram, self.draft_window,
+                          guide, self._policy() if source.chooser else None)
+        drafter_obj = sources.make_source(name, kit)
         tokens = self.prompt_tokens(prompt, chat=chat, system=system, tools=tools)
         if len(tokens) >= self.target.n_ctx:
             raise ContextOverflowError(
@@ -566,9 +563,11 @@ class Engine:
                 "shorten it or raise --ctx"
             )
         with self._exclusive():
-            if name != "auto":  # (auto's widths, up to its longest draft, warm in calibrate)
-                self._warm(1 if name == "none" else k + 1, draft=name in ("model", "hybrid"))
-            yield from self._generate(tokens, drafter_obj, k, sampling, max_tokens, stop, guide)
+            if not source.chooser:  # (auto's widths, up to its longest draft, warm in calibrate)
+                self._warm(k + 1 if source.drafts else 1, draft=source.requires_draft_model)
+            costs = self.costs.calibrated if self.costs is not None else None
+            gen = Generation(sampling, k, max_tokens, costs, self.clock, guide)
+            yield from self._generate(tokens, drafter_obj, gen, stop)
 
     def complete(self, prompt: Prompt, **kwargs) -> Completion:
         """Generate the whole completion (same arguments as :meth:`stream`). With ``tools``,
@@ -618,23 +617,21 @@ class Engine:
             self._owner = None
             self._lock.release()
 
-    def _generate(self, prompt, drafter, k, sampling, max_tokens, stop, guide) -> Iterator[Chunk]:
+    def _generate(self, prompt: list[int], drafter: sources.Drafter, gen: Generation,
+                  stop: Sequence[str]) -> Iterator[Chunk]:
         target = self.target
+        max_tokens = gen.max_new_tokens
         clock = self.clock
         stats = Stats(prompt_tokens=len(prompt))
         start = clock()
         stats.cached_prompt_tokens = prefill(target, prompt)
-        wants = getattr(drafter, "wants_prompt_cached", None)
-        if self.draft is not None and wants is not None and wants(k):
+        if self.draft is not None and drafter.wants_prompt_cached(gen.draft_length):
             prefill(self.draft, prompt)  # the draft's prefill is prefill too, not drafting time
         stats.time_prefill = clock() - start
         llama_start = self._llama_seconds()
         text = TextStream(stop)
-        rng = make_rng(sampling.seed)
         finish = None
-        costs = self.costs.calibrated if self.costs is not None else None
-        played = rounds(target, drafter, prompt, sampling, rng, k, stats, max_tokens, costs, clock,
-                        guide)
+        played = speculate(target, drafter, prompt, gen, make_rng(gen.params.seed), stats)
         try:
             for rnd in played:
                 infos: list[TokenInfo] = []

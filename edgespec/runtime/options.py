@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 from .. import config
 from ..errors import ConfigError
-from .drafters import check_drafter_name, make_drafter
+from . import sources
+from .sources.lookup import check_ngram_sizes
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 T = TypeVar("T")
@@ -164,10 +165,10 @@ class LoadOptions:
             object.__setattr__(self, name, value)
 
     def _check_drafting(self) -> None:
-        check_drafter_name(self.drafter)
+        sources.check_name(self.drafter)
         validate_draft_length(self.draft_length)
         validate_draft_window(self.draft_window)
-        make_drafter("lookup", max_ngram=self.max_ngram, min_ngram=self.min_ngram)  # n-gram sizes
+        check_ngram_sizes(self.max_ngram, self.min_ngram)
         self._set(**{name: os.fspath(value) for name, value in (("target", self.target),
                                                                 ("draft", self.draft))
                      if value is not None})

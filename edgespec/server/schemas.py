@@ -28,7 +28,7 @@ from ..config import DEFAULT_MAX_TOKENS, MAX_TOP_LOGPROBS
 from ..core.sampling import SamplingParams
 from ..errors import ConfigError
 from ..runtime.constraint import Constraint, check
-from ..runtime.drafters import check_drafter_name
+from ..runtime import sources
 from ..runtime.options import TOOL_CHOICE, ConstraintConflict, one_constraint, validate_draft_length
 from ..runtime.tools import check_tools, requires_call
 from .errors import APIError, bad_request
@@ -262,7 +262,7 @@ def to_generation(req: GenerationRequest, defaults: Defaults) -> Generation:
     if logprobs is not None:
         kwargs["logprobs"] = logprobs
     if req.drafter is not None:
-        kwargs["drafter"] = _checked(check_drafter_name, req.drafter, param="drafter")
+        kwargs["drafter"] = _checked(sources.check_name, req.drafter, param="drafter")
     if req.draft_length is not None:
         kwargs["draft_length"] = _checked(validate_draft_length, req.draft_length,
                                           param="draft_length")

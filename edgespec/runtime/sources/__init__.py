@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from ...config import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, DRAFT_WINDOW
+from ...config import (AUTO_MAX_DRAFT_LENGTH, DEFAULT_DRAFT_LENGTH, DEFAULT_MAX_NGRAM,
+                       DEFAULT_MIN_NGRAM, DRAFT_WINDOW)
 from ...errors import ConfigError
 from . import auto, hybrid, lookup, model, none
 from .base import Draft, Drafter, DraftModel, Kit, Outcome, SourceSpec
@@ -47,6 +48,21 @@ def usable(has_draft_model: bool) -> tuple[str, ...]:
     return tuple(s.name for s in REGISTRY.values() if s.usable(has_draft_model))
 
 
+def without_draft_model(name: str) -> str:
+    """The source that runs for ``name`` where no draft model is loaded: itself if it can,
+    else the registry's ``copy`` source (prompt lookup), which needs nothing."""
+    if spec(name).usable(False):
+        return name
+    return next(s.name for s in REGISTRY.values() if s.auto_role == "copy")
+
+
+def default_length(name: str) -> int:
+    """The draft length a round asks for when the user set none: a source that chooses its
+    length each round (``auto``) may go up to AUTO_MAX_DRAFT_LENGTH, the others draft
+    DEFAULT_DRAFT_LENGTH."""
+    return AUTO_MAX_DRAFT_LENGTH if spec(name).chooser else DEFAULT_DRAFT_LENGTH
+
+
 def make_source(name: str, kit: Kit) -> Drafter:
     """Build the source ``name`` from ``kit``; a ConfigError if it needs what the kit lacks."""
     entry = spec(name)
@@ -79,5 +95,6 @@ def make_drafter(name: str, draft_model: DraftModel | None = None, n_vocab: int 
 
 __all__: Sequence[str] = (
     "REGISTRY", "NAMES", "Draft", "Drafter", "DraftModel", "Kit", "Outcome", "SourceSpec",
-    "spec", "check_name", "usable", "make_source", "offered", "make_drafter",
+    "spec", "check_name", "usable", "without_draft_model", "default_length", "make_source",
+    "offered", "make_drafter",
 )

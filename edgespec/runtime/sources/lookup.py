@@ -18,6 +18,12 @@ RESUME_SKIP = 2
 RESUME_WITHIN = 4
 
 
+def check_ngram_sizes(max_ngram: int, min_ngram: int) -> None:
+    """A ConfigError unless 1 <= min_ngram <= max_ngram."""
+    if not 1 <= min_ngram <= max_ngram:
+        raise ConfigError(f"n-gram sizes must satisfy 1 <= min ({min_ngram}) <= max ({max_ngram})")
+
+
 class LookupDrafter(Drafter):
     """Copy the continuation of the longest recurring suffix n-gram (one-hot proposals).
 
@@ -40,10 +46,7 @@ class LookupDrafter(Drafter):
     name = "lookup"
 
     def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM):
-        if not 1 <= min_ngram <= max_ngram:
-            raise ConfigError(
-                f"n-gram sizes must satisfy 1 <= min ({min_ngram}) <= max ({max_ngram})"
-            )
+        check_ngram_sizes(max_ngram, min_ngram)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self._index = NgramIndex(max_ngram, min_ngram)
