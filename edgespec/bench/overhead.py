@@ -279,7 +279,7 @@ def measure(drafter: str, k: int, label: str, pools, prompt: Sequence[int],
             break
     wall = time.perf_counter() - t0
     host = wall - (sum(m.decode_seconds for m in models) - before)
-    return OverheadResult(drafter, k if drafter != "none" else 0, label, produced, n_rounds, host)
+    return OverheadResult(drafter, k if source.drafts else 0, label, produced, n_rounds, host)
 
 
 def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int = 3,
@@ -300,7 +300,7 @@ def run_overhead(n_vocab: int = DEFAULT_VOCAB, n_tokens: int = 192, repeats: int
     prompt = make_prompt(pools[2])
     results = []
     for drafter in drafters:
-        for k in (lengths if drafter != "none" else lengths[:1]):
+        for k in (lengths if sources.spec(drafter).drafts else lengths[:1]):
             for label in samplings:
                 runs = [measure(drafter, k, label, pools, prompt, n_tokens, seed=r,
                                 draft_window=draft_window, windows=windows)

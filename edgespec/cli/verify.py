@@ -137,13 +137,15 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
 
 def _parse_drafters(text: str | None, known) -> list[str] | None:
     from ..bench.run import parse_list
+    from ..runtime import sources
 
     if text is None:
         return None
     names = parse_list(text, "--drafters")
-    bad = [n for n in names if n not in known or n == "none"]
+    drafting = [n for n in known if sources.spec(n).drafts]  # (plain decoding is the reference)
+    bad = [n for n in names if n not in drafting]
     if bad:
-        valid = ", ".join(n for n in known if n != "none")
+        valid = ", ".join(drafting)
         raise ConfigError(f"--drafters: unknown {', '.join(bad)}; choose from {valid}")
     return names
 
