@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         ModelError,
     )
     from .runtime.engine import Chunk, Completion, Engine, EngineBusyError, TokenInfo
+    from .runtime.options import LoadOptions
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
@@ -47,6 +48,7 @@ _EXPORTS = {
     "Engine": "runtime.engine",
     "EngineBusyError": "runtime.engine",
     "IncompatibleDraftError": "errors",
+    "LoadOptions": "runtime.options",
     "ModelError": "errors",
     "SamplingParams": "core.sampling",
     "Source": "core.rejection",
