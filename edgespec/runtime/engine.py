@@ -531,13 +531,27 @@ class Engine:
         context), its incomplete bytes show as one U+FFFD at the very end of the last chunk.
         """
         sampling = sampling or SamplingParams()
-        if isinstance(stop, str):
-            stop = [stop]
+        stop = [stop] if isinstance(stop, str) else stop
         logprobs = validate_logprobs(logprobs)
         constraint = make_constraint(constraint, json_schema, json_object, grammar,
                                      tool_call=self._tool_call(tools, tool_choice))
         if tool_choice == "none":
             tools = None
+        self._check_request(sampling, max_tokens)
+        name = sources.check_name(drafter or self.drafter_name)
+        k = effective_draft_length(
+            name, validate_draft_length(self.draft_length if draft_length is None else draft_length))
+        guide = self._guide(sampling, constraint, logprobs)
+        made = self._source(name, guide)
+        tokens = self._prompt_in_context(prompt, chat, system, tools)
+        with self._exclusive():
+            self._warm_for(sources.spec(name), k)
+            costs = self.costs.calibrated if self.costs is not None else None
+            gen = Generation(sampling, k, max_tokens, costs, self.clock, guide)
+            yield from self._generate(tokens, made, gen, stop)
+
+    def _check_request(self, sampling: SamplingParams, max_tokens: int) -> None:
+        """A ConfigError for what only this engine's models can judge in a request."""
         n_vocab = self.target.n_vocab
         for token, _ in sampling.logit_bias:
             if token >= n_vocab:
@@ -545,29 +559,40 @@ class Engine:
                                   f"({n_vocab} tokens)")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        name = sources.check_name(drafter or self.drafter_name)
-        source = sources.spec(name)
-        k = effective_draft_length(
-            name, validate_draft_length(self.draft_length if draft_length is None else draft_length))
-        matcher = (Matcher(constraint, self.target.constraint_tokenizer, n_vocab)
+
+    def _guide(self, sampling: SamplingParams, constraint: Constraint | None,
+               logprobs: int | None) -> Guide | None:
+        """The generation's row shaping, or None where rows are used as they come."""
+        matcher = (Matcher(constraint, self.target.constraint_tokenizer, self.target.n_vocab)
                    if constraint is not None else None)
-        guide = (Guide(sampling, matcher, logprobs=logprobs, is_eog=self.target.is_eog)
-                 if matcher is not None or sampling.shaped or logprobs is not None else None)
-        kit = sources.Kit(self.draft, n_vocab, self.max_ngram, self.min_ngram, self.draft_window,
-                          guide, self._policy() if source.chooser else None)
-        drafter_obj = sources.make_source(name, kit)
+        if matcher is None and not sampling.shaped and logprobs is None:
+            return None
+        return Guide(sampling, matcher, logprobs=logprobs, is_eog=self.target.is_eog)
+
+    def _source(self, name: str, guide: Guide | None) -> sources.Drafter:
+        """The source ``name`` for one generation (``auto`` with a policy of its own, on the
+        engine's costs)."""
+        kit = sources.Kit(self.draft, self.target.n_vocab, self.max_ngram, self.min_ngram,
+                          self.draft_window, guide,
+                          self._policy() if sources.spec(name).chooser else None)
+        return sources.make_source(name, kit)
+
+    def _prompt_in_context(self, prompt: Prompt, chat: bool, system: str | None,
+                           tools: list[dict] | None) -> list[int]:
+        """The prompt's tokens; a ContextOverflowError where they leave no room to answer."""
         tokens = self.prompt_tokens(prompt, chat=chat, system=system, tools=tools)
         if len(tokens) >= self.target.n_ctx:
             raise ContextOverflowError(
                 f"the prompt is {len(tokens)} tokens but the context holds {self.target.n_ctx}: "
                 "shorten it or raise --ctx"
             )
-        with self._exclusive():
-            if not source.chooser:  # (auto's widths, up to its longest draft, warm in calibrate)
-                self._warm(k + 1 if source.drafts else 1, draft=source.requires_draft_model)
-            costs = self.costs.calibrated if self.costs is not None else None
-            gen = Generation(sampling, k, max_tokens, costs, self.clock, guide)
-            yield from self._generate(tokens, drafter_obj, gen, stop)
+        return tokens
+
+    def _warm_for(self, source: "sources.SourceSpec", k: int) -> None:
+        """The call widths a fixed source plays, run once (``auto``'s, up to its longest
+        draft, warm in :meth:`calibrate`)."""
+        if not source.chooser:
+            self._warm(k + 1 if source.drafts else 1, draft=source.requires_draft_model)
 
     def complete(self, prompt: Prompt, **kwargs) -> Completion:
         """Generate the whole completion (same arguments as :meth:`stream`). With ``tools``,
