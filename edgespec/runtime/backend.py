@@ -34,18 +34,14 @@ overlaps the device's (see :func:`edgespec.runtime.loop.rounds`).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import math
-import os
 import re
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -53,6 +49,8 @@ from ..core.lookup import common_prefix
 from ..core.sampling import top_window
 from ..errors import ConfigError, ContextOverflowError, IncompatibleDraftError, ModelError
 from .kernels import BATCH_DEPENDENT, EXACT_FIXED_WIDTH, EXACT_PIECES, flash_attention_off
+from .llama_log import interrupts_deferred, set_verbose  # noqa: F401  (set_verbose re-exported)
+from .llama_log import load_failure_reason, load_progress, recent_errors, take_log_lines
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
@@ -74,110 +72,6 @@ _SCALAR_FILL = 8
 #: Most rows one llama_decode call has llama.cpp's backend sampler pick from (a round of the
 #: longest draft, 64, reads 65); a longer greedy batch is decoded in calls of this many rows.
 MAX_SAMPLED_ROWS = 72
-
-_log_lock = threading.Lock()
-_log_lines: list[str] = []
-_verbose = False
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """Keep llama.cpp's log quiet but remember recent lines to explain load failures."""
-    line = text.decode("utf-8", errors="replace")
-    with _log_lock:
-        _log_lines.append(line)
-        del _log_lines[:-200]
-    if _verbose:
-        os.write(2, text)
-
-
-llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-
-
-def set_verbose(verbose: bool) -> None:
-    """Show llama.cpp's own log on stderr (off by default)."""
-    global _verbose
-    _verbose = verbose
-
-
-def _take_log_lines() -> list[str]:
-    """llama.cpp's log lines since the last call (non-blank, stripped), and forget them."""
-    with _log_lock:
-        lines = [ln.strip() for ln in _log_lines if ln.strip()]
-        _log_lines.clear()
-    return lines
-
-
-def _logged_errors() -> list[str]:
-    """llama.cpp's error lines since the last call (and forget every line)."""
-    return [ln for ln in _take_log_lines() if "error" in ln.lower() or "failed" in ln.lower()]
-
-
-def _recent_errors() -> str:
-    return "; ".join(_logged_errors()[-3:])
-
-
-#: llama.cpp's log prefixes ("llama_model_load: error loading model: ") and its generic lines
-_LOG_PREFIX = re.compile(r"^(?:[A-Za-z_][\w:]*: )+|^error loading model: ")
-_GENERIC = ("failed to load model", "error loading model")
-
-
-def _load_failure_reason() -> str:
-    """The most specific reason llama.cpp logged for a failed model load, in plain words."""
-    reasons: list[str] = []
-    for line in _logged_errors():
-        reason = line
-        while (stripped := _LOG_PREFIX.sub("", reason)) != reason:
-            reason = stripped
-        if reason and not reason.startswith(_GENERIC) and reason not in reasons:
-            reasons.append(reason)
-    reason = "; ".join(reasons[:2]) or "llama.cpp could not load it"
-    if "unknown model architecture" in reason:
-        return f"{reason} (this llama.cpp, llama-cpp-python {llama_cpp.__version__}, cannot run it)"
-    if "failed to read" in reason or "file bounds" in reason or "unexpected" in reason:
-        return f"the file is truncated or corrupt, e.g. an incomplete download ({reason})"
-    return reason
-
-
-# ---- Ctrl-C during long llama.cpp calls ----------------------------------------------------
-
-_interrupted = threading.Event()
-
-
-@llama_cpp.llama_progress_callback
-def _load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:
-    """llama.cpp asks whether to go on loading: not once Ctrl-C was pressed."""
-    return not _interrupted.is_set()
-
-
-def _note_interrupt(signum: int, frame: object) -> None:
-    _interrupted.set()
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Make Ctrl-C stop a long llama.cpp call that logs (loading a model, creating a context).
-
-    Python raises KeyboardInterrupt at the next bytecode it runs, and inside such a call that is
-    our log callback, where ctypes can only print the exception and drop it: the load would go
-    on as if nothing happened. Within this block (main thread, default Ctrl-C handler only),
-    SIGINT just sets a flag; the model load's progress callback then aborts the load, and
-    KeyboardInterrupt is raised as soon as llama.cpp has returned.
-    """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    _interrupted.clear()
-    previous = signal.signal(signal.SIGINT, _note_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if _interrupted.is_set():
-            _interrupted.clear()
-            raise KeyboardInterrupt
-
 
 def system_info() -> dict[str, str]:
     """llama.cpp's build features, e.g. {'AVX512': '1', 'LLAMAFILE': '0', ...}."""
@@ -333,7 +227,7 @@ class LlamaBackend:
             raise ConfigError(f"fixed width must be 0 (off) to {min(options.n_batch, MAX_SAMPLED_ROWS)} "
                               f"tokens, got {width}")
         check_gguf_file(path)
-        _take_log_lines()  # drop stale lines
+        take_log_lines()  # drop stale lines
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
         from .rpc import device_array
@@ -346,17 +240,17 @@ class LlamaBackend:
             self._split = _split_array(options.tensor_split, devices or [])
             mparams.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         mparams.use_extra_bufts = options.repack
-        mparams.progress_callback = _load_progress
+        mparams.progress_callback = load_progress
         try:
             with interrupts_deferred():
                 self._model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=True)
         except ValueError:
-            raise ModelError(f"cannot load model {path}: {_load_failure_reason()}") from None
+            raise ModelError(f"cannot load model {path}: {load_failure_reason()}") from None
         except BaseException:  # Ctrl-C: the model may have loaded just before it was noticed
             self.close()
             raise
         #: MiB of weights on each buffer (``CPU_Mapped``, ``RPC0[host:port]``, ``CUDA0``)
-        self.placement: dict[str, float] = model_buffers(_take_log_lines())
+        self.placement: dict[str, float] = model_buffers(take_log_lines())
 
         cparams = llama_cpp.llama_context_default_params()
         # room for a full context's last call and its pads: the pads never cost the user context
@@ -379,7 +273,7 @@ class LlamaBackend:
             self.close()  # frees what exists, context before model
             if not isinstance(err, ValueError):
                 raise
-            reason = _recent_errors() or "out of memory?"
+            reason = recent_errors() or "out of memory?"
             raise ModelError(f"failed to create a context of {options.n_ctx} tokens: {reason}") from None
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         # NumPy views over the batch's C arrays: filling a batch is a few slice assignments.
