@@ -351,7 +351,8 @@ def _choice_by_loop(policy, offer):
             best = option
     incumbent = ("none", 0, plain)
     for option in options:
-        if option[0] == last_source and last is not None and option[1] == last - 1:
+        if (costs.graphs and option[0] == last_source and last is not None
+                and option[1] == last - 1):
             incumbent = option
     if best[:2] == incumbent[:2]:
         return best
@@ -401,18 +402,25 @@ def test_a_lone_round_from_plain_decoding_pays_its_way_in_and_back():
     assert (policy.choose(offer).source, policy.choose(offer).k) == ("lookup", 3)
 
 
-def test_what_the_last_round_played_stays_unless_another_choice_promises_the_margin():
+@pytest.mark.parametrize("graphs", [True, False])
+def test_what_the_last_round_played_stays_unless_another_choice_promises_the_margin(graphs):
+    """With graphs a change of width costs, so the width stays unless another promises the
+    margin; without, it costs nothing and the width follows the best rating (a kept width
+    would lock in whatever noise once rated best)."""
     policy = Policy(gpu_costs(), CostEstimate(1e-3))
+    policy.costs.graphs = graphs  # (same rates: U = C = 0, only the hold differs)
     policy.model = AcceptanceEstimate(0.8, successes=40, failures=10)
     first = policy.choose(Offer(8))
     assert first.source == "model"
     policy.last_width, policy.run, policy._last_source = first.k + 1, 3, "model"
-    # nudge the estimate so that another k is best by less than the margin: the width stays
+    # nudge the estimate so that another k is best by less than the margin
     policy.model = AcceptanceEstimate(0.8, successes=44, failures=10)
     rates = policy._rates("model", expected_tokens_upto(policy.model.alpha, 8),
                           policy.model_drafting(8))
-    assert policy.choose(Offer(8)).k == first.k
+    best = int(rates.argmax()) + 1
+    assert best != first.k
     assert rates.max() <= rates[first.k - 1] * (1 + policy.config.margin)
+    assert policy.choose(Offer(8)).k == (first.k if graphs else best)
 
 
 def test_a_fixed_width_drafts_to_fill_the_calls():

@@ -26,7 +26,8 @@ the round's call is w = k + 1 tokens wide and its expected rate is
 
 The best rate wins, but what the last round played (plain decoding where it cannot be played
 again) stays unless another choice promises ``margin`` more: noise in the estimates must not
-buy losing bets, nor flap the width. Two rules keep the estimates honest where the model's
+buy losing bets, nor flap the width where a new width costs (with graphs; elsewhere only plain
+decoding is kept so, and a drafting width follows the best rating). Two rules keep the estimates honest where the model's
 inputs are wrong: the draft model's acceptance, learned only when it drafts, is forgotten after
 it sat out a while (a re-trial, at waits that double while trials fail); and what each source
 actually delivered is kept (:class:`Realized`): one whose rounds gave less than plain steps
@@ -421,17 +422,20 @@ class Policy:
     def choose(self, offer: Offer) -> Choice:
         """Best (source, k) for this round under the model in this module's docstring. What the
         last round played (its source at its width; plain decoding where that cannot be played
-        now) stays unless another choice promises ``margin`` more."""
+        now) stays unless another choice promises ``margin`` more. Without graphs (a CPU, a
+        fixed width) a change of width costs nothing, so only plain decoding is kept so: a
+        kept width there locks in whatever noise rated best once."""
         plain = self.plain_rate()
         best = incumbent = Choice("none", 0, plain, plain)
         if offer.k_max <= 0:
             return best
         last_k = (self.last_width or 0) - 1
+        graphs = self.costs.graphs
         for source, rates in self._options(offer, plain):
             k, rate = self._best(rates)
             if rate > best.rate:
                 best = Choice(source, k, rate, plain)
-            if source == self._last_source and 1 <= last_k <= len(rates):
+            if graphs and source == self._last_source and 1 <= last_k <= len(rates):
                 incumbent = Choice(source, last_k, float(rates[last_k - 1]), plain)
         if best.source == incumbent.source and best.k == incumbent.k:
             return best

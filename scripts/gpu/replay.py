@@ -50,6 +50,7 @@ import argparse
 import ast
 import bisect
 import dataclasses
+import gc
 import json
 import math
 import pickle
@@ -421,6 +422,10 @@ def main() -> None:
     pair = f"{Path(engine.target.path).stem}+{Path(engine.draft.path).stem}"
     memo = Memo(Path(args.memo) if args.memo else
                 Path.home() / ".cache/edgespec/replay" / f"{pair}.pkl")
+    # the memo's millions of objects out of the collector's way: a full collection among them
+    # (~45 ms) landing in a round was charged to the host's work there (auto priced lookup
+    # from its first proposal at ~7 ms a round and waited rounds before drafting)
+    gc.freeze()
     points, penalty, per_token = CALIBRATIONS[args.calibration]
     devices = (target_device(), draft_device())
     where = "virtual H100 (model of the vendored ggml-cuda's graph rule, stop-33 figures)"
