@@ -73,14 +73,10 @@ class Vocabulary:
         return list(out[:n])
 
     def constraint_tokenizer(self):
-        """llguidance's tokenizer, as :attr:`LlamaBackend.constraint_tokenizer` makes it:
-        every end-of-generation token ends a constrained text."""
-        import llama_cpp
-        from llguidance.llamacpp import lltokenizer_from_vocab
+        """llguidance's tokenizer, made as the engine makes it for its models."""
+        from ..runtime.llama_model import llguidance_tokenizer
 
-        eog = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)]
-        return lltokenizer_from_vocab(self.vocab, n_vocab=self.n_vocab,
-                                      eos_token=eog or int(llama_cpp.llama_vocab_eos(self.vocab)))
+        return llguidance_tokenizer(self.vocab, self.n_vocab)
 
     def close(self) -> None:
         import llama_cpp

@@ -165,31 +165,9 @@ class LlamaModel:
 
     @functools.cached_property
     def constraint_tokenizer(self):
-        """The vocabulary as llguidance's tokenizer (:mod:`edgespec.runtime.constraint`), made
-        on first use (~1 s for 152k tokens) and kept; every end-of-generation token ends a
-        constrained text."""
-        from llguidance import LLTokenizer
-
-        # (llguidance.llamacpp.lltokenizer_from_vocab, less a deprecated call per token)
-        vocab = self._vocab
-        control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-        user = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
-        buf = ctypes.create_string_buffer(16 * 1024 + 1)
-        pieces, eog = [], []
-        for token in range(self.n_vocab):
-            n = llama_cpp.llama_token_to_piece(vocab, token, buf, 16 * 1024, 0, True)
-            piece = bytes(buf[:max(n, 0)])
-            attr = llama_cpp.llama_vocab_get_attr(vocab, token)
-            # control tokens (and user-defined ones that look like them) are special to
-            # llguidance: marked with a leading 0xff
-            if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
-                piece = b"\xff" + piece
-            pieces.append(piece)
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
-                eog.append(token)
-        tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
-        return LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab, tokenize_fptr=tokenize,
-                                         eos_token=eog or self.eos, slices=None)
+        """The vocabulary as llguidance's tokenizer (:func:`llguidance_tokenizer`), made on
+        first use (~1 s for 152k tokens) and kept."""
+        return llguidance_tokenizer(self._vocab, self.n_vocab)
 
     @property
     def vocab_type(self) -> int:
@@ -230,3 +208,31 @@ class LlamaModel:
             eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
             bos_token=self.token_text(self.bos) if self.bos >= 0 else "",
         )
+
+
+def llguidance_tokenizer(vocab, n_vocab: int):
+    """A llama.cpp vocabulary as llguidance's tokenizer (:mod:`edgespec.runtime.constraint`):
+    every end-of-generation token ends a constrained text. The one way edgespec builds it (the
+    engine's models, and ``bench --overhead --structured``'s vocabulary alone)."""
+    from llguidance import LLTokenizer
+
+    # (llguidance.llamacpp.lltokenizer_from_vocab, less a deprecated call per token)
+    control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+    user = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+    buf = ctypes.create_string_buffer(16 * 1024 + 1)
+    pieces, eog = [], []
+    for token in range(n_vocab):
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, 16 * 1024, 0, True)
+        piece = bytes(buf[:max(n, 0)])
+        attr = llama_cpp.llama_vocab_get_attr(vocab, token)
+        # control tokens (and user-defined ones that look like them) are special to
+        # llguidance: marked with a leading 0xff
+        if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
+            piece = b"\xff" + piece
+        pieces.append(piece)
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            eog.append(token)
+    tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    return LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab, tokenize_fptr=tokenize,
+                                     eos_token=eog or int(llama_cpp.llama_vocab_eos(vocab)),
+                                     slices=None)
