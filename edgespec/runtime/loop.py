@@ -186,13 +186,18 @@ class Speculator:
         self._skip_rows = constrained and caps.unread_rows and guide.logprobs is None
         self._assures = self.ahead and not constrained  # (plain_next is asked)
         self._is_eog = getattr(target, "is_eog", None)
+        #: whether the source learns from its rounds (an Outcome costs µs a round: made only then)
+        self._learns = type(drafter).observe is not Drafter.observe or "observe" in vars(drafter)
         cap = drafter.max_length
         self._k = gen.draft_length if cap is None else min(gen.draft_length, cap)
+        self.n_ctx = target.n_ctx
+        self._max_new = gen.max_new_tokens
+        self._t_scored = 0.0  #: when the last call's output was in hand (the verdict's start)
 
     @property
     def room(self) -> bool:
         """Whether the context has room for another round."""
-        return len(self.committed) < self.target.n_ctx
+        return len(self.committed) < self.n_ctx
 
     # ---- propose ---------------------------------------------------------------------------
 
@@ -200,9 +205,9 @@ class Speculator:
         """The most tokens this round may draft: [last] + k drafts need len(committed) + k
         cells; capping one lower also keeps the emitted length at exactly n_ctx for every
         source (plain decoding stops there too); never past ``max_new_tokens``."""
-        k = min(self._k, self.target.n_ctx - len(self.committed) - 1)
-        if self.gen.max_new_tokens is not None:
-            k = min(k, max(self.gen.max_new_tokens - self.emitted - 1, 0))
+        k = min(self._k, self.n_ctx - len(self.committed) - 1)
+        if self._max_new is not None:
+            k = min(k, max(self._max_new - self.emitted - 1, 0))
         return k
 
     def _ask(self, k: int) -> Draft | None:
@@ -264,7 +269,8 @@ class Speculator:
                 out = self.target.decode(call, n, self._guide.settled(plan.tokens))
             else:
                 out = self.target.decode(call, n)
-        t_target = plan.t_target + self.clock() - t
+        self._t_scored = end = self.clock()
+        t_target = plan.t_target + end - t
         self._meter.add(n, t_target)
         return out, t_target
 
@@ -277,7 +283,7 @@ class Speculator:
     def judge(self, plan: Plan, out: object, t_target: float) -> Verdict:
         """The exact sampler's verdict on the plan's drafts (a greedy plain step takes the
         target's pick: no verdict is made)."""
-        t = self.clock()
+        t = self._t_scored
         tokens = plan.tokens
         if self._picks:
             if not tokens:
@@ -313,7 +319,7 @@ class Speculator:
     def learn(self, plan: Plan, rnd: Round, t_target: float) -> None:
         """Tell the source what its round did (not a round the constraint forced)."""
         draft = plan.draft
-        if draft is None or draft.source != "forced":
+        if self._learns and (draft is None or draft.source != "forced"):
             self.drafter.observe(Outcome(draft, rnd.drafted, rnd.accepted, rnd.tokens,
                                          plan.t_draft, t_target))
 
@@ -322,7 +328,7 @@ class Speculator:
         end-of-generation token committed (an asynchronous driver launches it ahead)."""
         if not self.room:
             return False
-        if self.gen.max_new_tokens is not None and self.emitted >= self.gen.max_new_tokens:
+        if self._max_new is not None and self.emitted >= self._max_new:
             return False
         is_eog = self._is_eog
         if is_eog is None:
@@ -334,7 +340,8 @@ def play(spec: Speculator) -> Iterator[Round]:
     """Rounds one step after another, until the context is full (the caller stops on anything
     else): on the CPU the decode is the work, and launching it before the yield would only
     delay each round's text."""
-    while spec.room:
+    committed, n_ctx = spec.committed, spec.n_ctx
+    while len(committed) < n_ctx:
         plan = spec.propose()
         out, t_target = spec.score(plan)
         verdict = spec.judge(plan, out, t_target)
