@@ -177,7 +177,7 @@ class ChatApp(App[None]):
         ("ctrl+q", "quit (stops the answer first)"),
         ("f1", "this help"),
         ("escape", "stop the answer; the partial answer stays in the conversation"),
-        ("ctrl+d", f"cycle the drafter: {' → '.join(DRAFTER_CYCLE)} (none: plain decoding)"),
+        ("ctrl+d", f"cycle the drafter: {' → '.join(DRAFTER_CYCLE)} (plain decoding)"),
         ("ctrl+k / ctrl+j", "draft length up / down (tokens drafted per round)"),
         ("ctrl+t", "cycle the temperature: " + ", ".join(f"{t:g}" for t in TEMPERATURES)),
         ("ctrl+o", "colour tokens by provenance on / off (off: answers rendered as Markdown)"),
