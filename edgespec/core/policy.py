@@ -27,8 +27,8 @@ the round's call is w = k + 1 tokens wide and its expected rate is
 The best rate wins, but what the last round played (plain decoding where it cannot be played
 again) stays unless another choice promises ``margin`` more: noise in the estimates must not
 buy losing bets, nor flap the width where a new width costs (with graphs; elsewhere only plain
-decoding is kept so, and a drafting width follows the best rating). Two rules keep the estimates honest where the model's
-inputs are wrong: the draft model's acceptance, learned only when it drafts, is forgotten after
+decoding is kept so, and a drafting width follows the best rating). Two rules keep the
+estimates honest where the model's inputs are wrong: the draft model's acceptance, learned only when it drafts, is forgotten after
 it sat out a while (a re-trial, at waits that double while trials fail); and what each source
 actually delivered is kept (:class:`Realized`): one whose rounds gave less than plain steps
 sits out, whatever the estimates say. Every tunable is in :class:`PolicyConfig`. Pure
@@ -430,33 +430,38 @@ class Policy:
         if offer.k_max <= 0:
             return best
         last_k = (self.last_width or 0) - 1
-        graphs = self.costs.graphs
-        for source, rates in self._options(offer, plain):
+        kept = self._keepable()
+        for source, rates in self._options(offer, plain, kept):
             k, rate = self._best(rates)
             if rate > best.rate:
                 best = Choice(source, k, rate, plain)
-            if graphs and source == self._last_source and 1 <= last_k <= len(rates):
+            if source == kept and 1 <= last_k <= len(rates):
                 incumbent = Choice(source, last_k, float(rates[last_k - 1]), plain)
         if best.source == incumbent.source and best.k == incumbent.k:
             return best
         return best if best.rate > incumbent.rate * (1.0 + self.config.margin) else incumbent
 
-    def _options(self, offer: Offer, plain: float):
+    def _keepable(self) -> str | None:
+        """The source whose last width :meth:`choose` keeps within the margin: the last
+        round's, where a change of width costs (graphs); elsewhere none."""
+        return self._last_source if self.costs.graphs else None
+
+    def _options(self, offer: Offer, plain: float, kept: str | None):
         """(source, its rates for k = 1 .. n) for each source that may draft this round, but
         for one whose every rate is bound to stay at or below ``plain`` (it can be neither the
-        best nor, not being the last round's source, the one kept): most rounds stop at that
-        bound, a few scalar steps, where rating every k costs tens of µs."""
+        best nor, not being ``kept``, the one kept): most rounds stop at that bound, a few
+        scalar steps, where rating every k costs tens of µs."""
         n = min(offer.k_max, offer.lookup_len) if self.realized.allowed("lookup") else 0
         if n:
             chain = self._chain(offer.ngram, n)
             per_round = self._per_round("lookup", n) + self.lookup_cost.seconds
-            if (self._last_source == "lookup"
+            if (kept == "lookup"
                     or _chain_total(chain, n) / per_round.min() * (1.0 + 1e-9) > plain):
                 yield "lookup", _chain_array(chain, n) / per_round
         if self.model_may_draft(offer.model):
             n, alpha = offer.k_max, self.model.alpha
             drafting = self.model_drafting(n, offer.behind, offer.wide)
-            if (self._last_source == "model"
+            if (kept == "model"
                     or self._model_bound(alpha, n, float(drafting[0])) > plain):
                 yield "model", (expected_tokens_upto(alpha, n)
                                 / (self._per_round("model", n) + drafting))

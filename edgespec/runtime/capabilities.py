@@ -1,7 +1,7 @@
 """What a backend offers beyond ``sync`` and ``decode``: one record, read in one place.
 
 The loop, the drafters and the engine take any backend with the ``Target`` / ``DraftModel``
-surface (:mod:`edgespec.runtime.loop`, :mod:`edgespec.runtime.drafters`). What more a backend
+surface (:mod:`edgespec.runtime.loop`, :mod:`edgespec.runtime.sources`). What more a backend
 can do, it declares as attributes (:class:`edgespec.runtime.backend.LlamaBackend` does, the
 test fakes and the virtual GPU of ``scripts/gpu/replay.py`` too); :func:`capabilities` reads
 them into a :class:`Capabilities`, and the callers read that.
