@@ -47,6 +47,15 @@ EXACT_FIXED_WIDTH = 8
 #: whole row.
 DRAFT_WINDOW = 64
 
+#: Recurrent-state snapshots a hybrid model's context keeps where its calls are not the CPU's
+#: pieces (a GPU): the longest draft it then plays. Each snapshot is one more copy of the
+#: recurrent state (a 9B Qwen3.5: ~50 MB), so the state's memory grows x(1 + this).
+RECURRENT_SNAPSHOTS = 8
+
+#: Checkpoints of the recurrent state a hybrid model's context keeps (one after each prefill
+#: call): a prompt that diverges inside the cache reads again from the last one before it.
+RECURRENT_CHECKPOINTS = 4
+
 #: Hard ceiling on draft length: beyond this the exact test's acceptance
 #: probability for the tail is negligible and the batch only costs time.
 MAX_DRAFT_LENGTH = 64

@@ -46,6 +46,7 @@ from typing import Sequence
 import numpy as np
 
 from ..core.lookup import common_prefix
+from ..config import RECURRENT_SNAPSHOTS
 from ..errors import ConfigError, IncompatibleDraftError, ModelError
 from .kernels import flash_attention_off
 from .llama_context import MAX_SAMPLED_ROWS, ContextParams, LlamaContext
@@ -188,9 +189,14 @@ def _context_params(options: ModelOptions, model: LlamaModel, on_gpu: bool) -> C
     # On RPC workers the pieces stay: a worker serving its CPU runs the same ggml-cpu
     # kernels as here (a GPU worker is batch-dependent anyway: --fast-kernels).
     pieces = options.batch_consistent and not on_gpu and not options.fixed_width
+    piece = CONSISTENT_BATCH[options.repack] if pieces else 0
+    if model.recurrent and options.fixed_width:
+        raise ConfigError("a fixed width is not supported on a model with recurrent layers "
+                          "(its pads could not leave the cache): drop --fixed-width/--exact")
     return ContextParams(
         n_ctx=options.n_ctx, n_batch=options.n_batch, n_threads=options.n_threads,
-        fixed_width=options.fixed_width, piece=CONSISTENT_BATCH[options.repack] if pieces else 0,
+        fixed_width=options.fixed_width, piece=piece,
+        snapshots=(piece - 1 if piece else RECURRENT_SNAPSHOTS) if model.recurrent else 0,
         flash_attention=not flash_attention_off(options), backend_sampling=options.backend_sampling,
         output_on_gpu=on_gpu and model.output_offloaded,
         rpc=options.rpc, rpc_timeout=options.rpc_timeout)
@@ -250,6 +256,9 @@ class LlamaBackend:
                              settable=True)
     kernels = _forward("context.kernels", "How logits relate to batch shape "
                        "(:mod:`edgespec.runtime.kernels`).")
+    draft_reach = _forward("context.draft_reach", "The longest draft a round may score (None: "
+                           "any; a model with recurrent layers rolls back one call).")
+    recurrent = _forward("model.recurrent", "Some layers keep a recurrent state (a hybrid model).")
 
     def close(self) -> None:
         """Free the context and model (idempotent)."""
@@ -319,6 +328,7 @@ class LlamaBackend:
 
     constraint_tokenizer = _forward("model.constraint_tokenizer",
                                     "The vocabulary as llguidance's tokenizer (made once).")
+    has_chat_template = _forward("model.has_chat_template", "The GGUF has a chat template.")
     vocab_type = _forward("model.vocab_type")
     bos = _forward("model.bos")
     eos = _forward("model.eos")

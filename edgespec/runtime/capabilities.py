@@ -33,6 +33,9 @@ class Capabilities:
     #: ``decode(tokens, n_logits, unread)``: rows the caller will not read get no output
     #: projection (a position a constraint leaves one token)
     unread_rows: bool = False
+    #: the longest draft a round may score (None: any): a model with recurrent layers takes
+    #: back only what its last call's snapshots hold (:mod:`edgespec.runtime.recurrent`)
+    draft_reach: int | None = None
 
 
 def capabilities(model) -> Capabilities:
@@ -47,4 +50,5 @@ def capabilities(model) -> Capabilities:
         device_window=bool(getattr(model, "device_window", False)),
         fixed_width=int(getattr(model, "fixed_width", 0) or 0),
         unread_rows=bool(getattr(model, "unread_rows", False)),
+        draft_reach=getattr(model, "draft_reach", None),
     )

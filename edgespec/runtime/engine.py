@@ -171,6 +171,17 @@ def _note(progress: bool, message: str) -> None:
         print(f"note: {message}", file=sys.stderr, flush=True)
 
 
+def _note_reach(target, progress: bool) -> None:
+    """Say once, at load, how far a target with recurrent layers lets a round draft."""
+    reach = getattr(target, "draft_reach", None)
+    if reach == 0:
+        _note(progress, "this model's recurrent layers keep no snapshots to roll back a "
+                        "rejected draft (model or build): it decodes plainly")
+    elif reach is not None:
+        _note(progress, f"hybrid model (recurrent layers): drafts of at most {reach} tokens, "
+                        "what one call's snapshots take back")
+
+
 def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):
     """The draft picked for a target given without one, and its file (``None``: lookup drafting
     only), said on stderr with ``progress``."""
@@ -358,6 +369,7 @@ class Engine:
         target_be = LlamaBackend(options.target_options(files.target_path))
         draft_be = None
         try:
+            _note_reach(target_be, progress)
             if sources.spec(options.drafter).uses_draft_model:
                 draft_be, choice = _load_draft(target_be, files, options, download, progress)
             else:
@@ -473,10 +485,11 @@ class Engine:
                       tools: list[dict] | None = None) -> list[int]:
         """Tokenize a prompt. ``chat=True`` wraps a string as one user message and applies the
         model's chat template; a list of ``{"role", "content"}`` messages is always templated
-        (with ``tools``, the template is given them)."""
+        (with ``tools``, the template is given them). A model without a chat template (a base
+        model, a synthetic one) takes a string as it is: there is no template to apply."""
         check_prompt(prompt)
         if isinstance(prompt, str):
-            if not chat:
+            if not chat or not getattr(self.target, "has_chat_template", True):
                 return self.target.tokenize(prompt, add_special=True, parse_special=False)
             messages = [{"role": "user", "content": prompt}]
             if system:

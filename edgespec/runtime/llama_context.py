@@ -14,7 +14,9 @@ asynchronous (a GPU, RPC workers). Whatever fails or is interrupted mid-way empt
 the record is never silently wrong. The parameters are a record of their own so that a context of
 another kind on the same model (a multi-token-prediction head's, ``LLAMA_CONTEXT_TYPE_MTP``, or
 one keeping recurrent-state snapshots, ``n_rs_seq``) is one more field there and one more
-instance here; neither exists yet.
+instance here. A model with recurrent layers cannot drop a suffix of its cache at will: its
+context keeps a :class:`~edgespec.runtime.recurrent.RecurrentMemory` (the reach of the last
+call, checkpoints), through which every cut goes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .callplan import Call
 from .kernels import BATCH_DEPENDENT, EXACT_FIXED_WIDTH, EXACT_PIECES
 from .llama_log import interrupts_deferred, recent_errors
 from .llama_model import LlamaModel
+from .recurrent import RecurrentMemory
 from .rpc import DEFAULT_RPC_TIMEOUT_S
 
 import llama_cpp  # noqa: E402  (after our own imports: llama_cpp prints on import errors)
@@ -66,6 +69,9 @@ class ContextParams:
     #: reaches the host (on the CPU, ggml's top-k, a partial sort of the whole row, measured
     #: no faster than the host's window)
     output_on_gpu: bool = False
+    #: recurrent-state snapshots per sequence (llama.cpp's ``n_rs_seq``): how far back a model
+    #: with recurrent layers can take its last call (:mod:`edgespec.runtime.recurrent`)
+    snapshots: int = 0
     #: RPC workers that run the decode, watched for a decode outliving ``rpc_timeout`` seconds
     rpc: tuple[str, ...] = ()
     rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S
@@ -87,6 +93,7 @@ def _llama_params(params: ContextParams):
         cparams.n_outputs_max_per_seq = MAX_SAMPLED_ROWS
     if not params.flash_attention:
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cparams.n_rs_seq = params.snapshots
     return cparams
 
 
@@ -129,6 +136,11 @@ class LlamaContext:
         except BaseException:
             self.close()
             raise
+        #: a model with recurrent layers: how its cache is cut (None: attention only)
+        self.recurrent: RecurrentMemory | None = None
+        if model.recurrent:
+            self.recurrent = RecurrentMemory(self._ctx.ctx,
+                                             llama_cpp.llama_n_rs_seq(self._ctx.ctx))
         if params.rpc:
             from .rpc import Watchdog
 
@@ -199,6 +211,17 @@ class LlamaContext:
             return EXACT_FIXED_WIDTH
         return EXACT_PIECES if self.params.piece else BATCH_DEPENDENT
 
+    @property
+    def draft_reach(self) -> int | None:
+        """The longest draft a round may score on this context: None where the cache drops any
+        suffix (attention only); with recurrent layers, what one call's snapshots can take
+        back (a round's [last, drafts] are then one call: at most a piece on the CPU), 0 where
+        the model or build keeps none."""
+        if self.recurrent is None:
+            return None
+        one_call = self.params.piece or min(MAX_SAMPLED_ROWS, self.n_batch)
+        return max(min(self.recurrent.snapshots, one_call - 1), 0)
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -231,8 +254,9 @@ class LlamaContext:
         if self._in_flight:
             self._settle()
         if n < len(self.tokens):
-            ok = llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, n, -1)
-            if not ok:  # recurrent models cannot drop a suffix: start over
+            if self.recurrent is not None:
+                n = self.recurrent.cut(self._ctx.memory, len(self.tokens), n)
+            elif not llama_cpp.llama_memory_seq_rm(self._ctx.memory, 0, n, -1):
                 llama_cpp.llama_memory_clear(self._ctx.memory, True)
                 n = 0
             del self.tokens[n:]
@@ -245,6 +269,8 @@ class LlamaContext:
         self._launched = self._ready = None
         llama_cpp.llama_memory_clear(self._ctx.memory, True)
         self.tokens.clear()
+        if self.recurrent is not None:
+            self.recurrent.clear()
 
     def _check_room(self, n: int) -> None:
         """:class:`ContextOverflowError` unless ``n`` more tokens fit in the context."""
@@ -505,6 +531,8 @@ class LlamaContext:
         if call.pads:
             self._drop_pads(start + call.stop)
         self.tokens.extend(fed)
+        if self.recurrent is not None and not call.reads:  # (a prefill call)
+            self.recurrent.save(len(self.tokens))
 
     def _run_picks(self, tokens: Sequence[int], calls: list[Call], n_logits: int) -> np.ndarray:
         """Run the plan; the backend sampler's pick of each row read."""
@@ -596,6 +624,8 @@ class LlamaContext:
         t0 = time.perf_counter()
         if watchdog is not None:
             watchdog.deadline = t0 + watchdog.timeout
+        if self.recurrent is not None:
+            self.recurrent.called(self._batch.n_tokens)
         self._in_flight = True  # (set first: a decode that failed mid-way is waited for too)
         try:
             rc = llama_cpp.llama_decode(ctx, self._batch)

@@ -120,6 +120,14 @@ class LlamaModel:
         """Tokens in the vocabulary (rows of each row of logits)."""
         return llama_cpp.llama_vocab_n_tokens(self._vocab)
 
+    @functools.cached_property
+    def recurrent(self) -> bool:
+        """Whether some layers keep a recurrent state instead of a KV cache (a hybrid model
+        such as Qwen3.5 or LFM2, or a pure recurrent one): its cache cannot simply drop a
+        suffix (:mod:`edgespec.runtime.recurrent`)."""
+        model = self.handle.model
+        return bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+
     @property
     def output_offloaded(self) -> bool:
         """Whether the output layer is among the offloaded ones (llama.cpp offloads it last:
@@ -187,6 +195,11 @@ class LlamaModel:
         """GGUF key/value metadata (string values)."""
         return self.handle.metadata()
 
+    @functools.cached_property
+    def has_chat_template(self) -> bool:
+        """Whether the GGUF carries a chat template (a base model may not)."""
+        return bool(self.metadata().get("tokenizer.chat_template"))
+
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """Render chat messages with the model's own template (GGUF ``tokenizer.chat_template``),
         which is given ``tools`` (OpenAI function tools) where there are some."""
@@ -202,7 +215,8 @@ class LlamaModel:
 
         template = self.metadata().get("tokenizer.chat_template")
         if not template:
-            raise ModelError(f"{self.path.name} has no chat template: use raw mode (--raw)")
+            raise ModelError(f"{self.path.name} has no chat template: it cannot take a "
+                             "conversation, only a raw prompt (--raw)")
         return Jinja2ChatFormatter(
             template=template,
             eos_token=self.token_text(self.eos) if self.eos >= 0 else "",

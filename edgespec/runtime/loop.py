@@ -188,8 +188,10 @@ class Speculator:
         self._is_eog = getattr(target, "is_eog", None)
         #: whether the source learns from its rounds (an Outcome costs µs a round: made only then)
         self._learns = type(drafter).observe is not Drafter.observe or "observe" in vars(drafter)
-        cap = drafter.max_length
-        self._k = gen.draft_length if cap is None else min(gen.draft_length, cap)
+        # the longest draft: the generation's, the source's, and what the target can take
+        # back after one call (a model with recurrent layers)
+        self._k = min([gen.draft_length] + [cap for cap in (drafter.max_length, caps.draft_reach)
+                                             if cap is not None])
         self.n_ctx = target.n_ctx
         self._max_new = gen.max_new_tokens
         self._t_scored = 0.0  #: when the last call's output was in hand (the verdict's start)
