@@ -131,6 +131,11 @@ HUB_PAIRS = {
 }
 
 
+# Hub models taken at another quant than Q4_K_M: Qwen publishes no Q4_K_M of Qwen3-0.6B; the
+# Q4 of Unsloth's Qwen3.5-35B-A3B with its MTP layer that was seen is UD-Q4_K_XL.
+OTHER_QUANTS = {"Qwen/Qwen3-0.6B-GGUF": "Q8_0", "unsloth/Qwen3.5-35B-A3B-MTP-GGUF": "Q4_K_XL"}
+
+
 def _repo(entry) -> str:
     if isinstance(entry, HubEntry):
         return entry.repo
@@ -145,7 +150,7 @@ def test_shipped_hub_pairs():
     for entry in cat.models.values():
         assert entry.params is not None, entry.name  # drafts are ordered by size
         if isinstance(entry, HubEntry):
-            assert entry.quant == ("Q8_0" if entry.repo == "Qwen/Qwen3-0.6B-GGUF" else "Q4_K_M")
+            assert entry.quant == OTHER_QUANTS.get(entry.repo, "Q4_K_M"), entry.name
     # every pinned model records its tokenizer, as its file gives it
     assert cat.models[TARGET].tokenizer == cat.models[DRAFT].tokenizer
     assert cat.models[TINY].tokenizer.n_tokens == 49152
@@ -214,7 +219,7 @@ def test_minimal_catalog_and_env_override(tmp_path, monkeypatch):
     "text, message",
     [
         ("models = {}", "lists no models"),
-        ("schema = 3\n" + GOOD_MODEL, "unsupported schema 3"),
+        ("schema = 4\n" + GOOD_MODEL, "unsupported schema 4"),
         ("colour = 1\n" + GOOD_MODEL, "unknown key"),
         (GOOD_MODEL.replace('sha256 = "' + "a" * 64, 'sha256 = "' + "a" * 63), "sha256: must be 64 hex digits"),
         (GOOD_MODEL.replace("size = 10", "size = -1"), "size: must be a positive integer"),

@@ -4,7 +4,10 @@ The catalog is a TOML file (``models/catalog.toml`` in the repository, or ``$EDG
 parsed into frozen dataclasses. A model is either pinned (file name, size, sha256 and sources:
 :class:`ModelEntry`) or a hub reference (repository and quant, the sha256 the hub's:
 :class:`HubEntry`). :mod:`edgespec.models.resolve` turns a user's model argument (a path, a hub
-reference or a catalog name) into a verified local file.
+reference or a catalog name) into a verified local file. Either may record what the model is
+(``arch``, llama.cpp's architecture name, whence whether it is hybrid, and ``mtp``, whether it
+carries multi-token-prediction layers: schema 3), for what its file, when here, says anyway
+(:func:`edgespec.models.gguf_meta.arch_of`).
 """
 
 from __future__ import annotations
@@ -18,17 +21,20 @@ from types import MappingProxyType
 from typing import Any, Mapping, Union
 
 from edgespec.errors import ConfigError
-from edgespec.models.gguf_meta import TokenizerInfo
+from edgespec.models.gguf_meta import TokenizerInfo, arch_kind
 from edgespec.models.hubref import HubRef, parse_ref
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Catalogs written for an older edgespec that this one still reads.
-_READABLE_SCHEMAS = (1, 2)
+_READABLE_SCHEMAS = (1, 2, 3)
+#: Model keys a catalog may use only from this schema on (an older edgespec would refuse them).
+_SINCE_SCHEMA = {"arch": 3, "mtp": 3}
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _REQUIREMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_VAR_RE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+_ARCH_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,13 @@ class ModelEntry:
     sources: tuple[Source, ...]
     params: float | None = None  #: parameters, billions (orders drafts: the smallest is tried first)
     tokenizer: TokenizerInfo | None = None  #: its tokenizer, to judge drafts without the file
+    arch: str | None = None  #: llama.cpp's architecture name (general.architecture), if recorded
+    mtp: bool | None = None  #: whether it carries multi-token-prediction layers; None: not recorded
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether its architecture keeps recurrent layers beside attention (``arch`` recorded)."""
+        return arch_kind(self.arch) == "hybrid"
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,13 @@ class HubEntry:
     description: str
     params: float | None = None
     tokenizer: TokenizerInfo | None = None
+    arch: str | None = None  #: as :attr:`ModelEntry.arch`
+    mtp: bool | None = None  #: as :attr:`ModelEntry.mtp`
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether its architecture keeps recurrent layers beside attention (``arch`` recorded)."""
+        return arch_kind(self.arch) == "hybrid"
 
     @property
     def ref(self) -> HubRef:
@@ -230,11 +250,13 @@ def parse_catalog(data: Mapping[str, Any], path: Path) -> Catalog:
     _check_keys(data, where, required=("models",), optional=("schema", "pairs"))
     schema = data.get("schema", SCHEMA_VERSION)
     if schema not in _READABLE_SCHEMAS:
-        raise ConfigError(f"{where}: unsupported schema {schema!r} (this edgespec reads {SCHEMA_VERSION})")
+        raise ConfigError(f"{where}: unsupported schema {schema!r} (this edgespec reads schemas "
+                          f"{_READABLE_SCHEMAS[0]} to {SCHEMA_VERSION})")
     models_data = _table(data["models"], f"{where}: models")
     if not models_data:
         raise ConfigError(f"{where}: models: the catalog lists no models")
-    models = {name: _parse_model(name, raw, f"{where}: models.{name}") for name, raw in models_data.items()}
+    models = {name: _parse_model(name, raw, f"{where}: models.{name}", schema)
+              for name, raw in models_data.items()}
     pairs_data = _table(data.get("pairs", {}), f"{where}: pairs")
     pairs = {name: _parse_pair(name, raw, models, f"{where}: pairs.{name}") for name, raw in pairs_data.items()}
     clash = sorted(set(models) & set(pairs))
@@ -243,12 +265,17 @@ def parse_catalog(data: Mapping[str, Any], path: Path) -> Catalog:
     return Catalog(path=path, models=MappingProxyType(models), pairs=MappingProxyType(pairs))
 
 
-def _parse_model(name: str, raw: Any, where: str) -> Entry:
+def _parse_model(name: str, raw: Any, where: str, schema: int = SCHEMA_VERSION) -> Entry:
     _check_name(name, where)
     table = _table(raw, where)
-    common = ("description", "params", "tokenizer")
+    common = ("description", "params", "tokenizer", "arch", "mtp")
+    for key, since in _SINCE_SCHEMA.items():
+        if key in table and schema < since:
+            raise ConfigError(f"{where}.{key}: needs schema = {since} or later (the catalog says {schema})")
     params = _params(table.get("params"), f"{where}.params")
     tokenizer = _tokenizer(table["tokenizer"], f"{where}.tokenizer") if "tokenizer" in table else None
+    layers = {"arch": _arch(table.get("arch"), f"{where}.arch"),
+              "mtp": _mtp(table.get("mtp"), f"{where}.mtp")}
     if "repo" in table:
         _check_keys(table, where, required=("repo", "quant"), optional=common)
         repo = _string(table["repo"], f"{where}.repo")
@@ -257,7 +284,7 @@ def _parse_model(name: str, raw: Any, where: str) -> Entry:
         return HubEntry(name=name, repo=repo, quant=_string(table["quant"], f"{where}.quant").upper(),
                         description=_string(table.get("description", ""), f"{where}.description",
                                             allow_empty=True),
-                        params=params, tokenizer=tokenizer)
+                        params=params, tokenizer=tokenizer, **layers)
     _check_keys(table, where, required=("file", "size", "sha256", "sources"), optional=common)
     file = _string(table["file"], f"{where}.file")
     if "/" in file or "\\" in file or file in (".", ".."):
@@ -274,7 +301,7 @@ def _parse_model(name: str, raw: Any, where: str) -> Entry:
         raise ConfigError(f"{where}.sources: must be a non-empty list of tables ([[...sources]])")
     sources = tuple(_parse_source(s, f"{where}.sources[{i}]") for i, s in enumerate(sources_raw))
     return ModelEntry(name=name, file=file, size=size, sha256=sha, description=description, sources=sources,
-                      params=params, tokenizer=tokenizer)
+                      params=params, tokenizer=tokenizer, **layers)
 
 
 def _params(value: Any, where: str) -> float | None:
@@ -283,6 +310,21 @@ def _params(value: Any, where: str) -> float | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{where}: must be a positive number (billions of parameters), got {value!r}")
     return float(value)
+
+
+def _arch(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ARCH_RE.match(value):
+        raise ConfigError(f"{where}: must be a llama.cpp architecture name (general.architecture, "
+                          f"e.g. 'qwen35'), got {value!r}")
+    return value
+
+
+def _mtp(value: Any, where: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false (whether it carries MTP layers), got {value!r}")
+    return value
 
 
 def _tokenizer(raw: Any, where: str) -> TokenizerInfo:

@@ -1,6 +1,7 @@
 """Which draft model speculates for a target: the catalog's pair for a known target, else the
 smallest catalog draft whose tokenizer matches the target's GGUF metadata, else none (lookup
-drafting only).
+drafting only). A target that carries MTP layers can also draft with those (``--drafter mtp``):
+:func:`mtp_note` says so beside the draft model picked.
 
 A draft's tokenizer comes from the catalog, from its file when it is here, or from the first
 megabytes of its GGUF on the hub (a ranged read: the header holds the vocabulary), remembered in
@@ -20,7 +21,14 @@ from typing import Iterator, Sequence
 from edgespec.config import cache_dir
 from edgespec.errors import EdgespecError
 from edgespec.models.catalog import Catalog, Entry, HfSource, HubEntry, ModelEntry, hub_ref_of, load_catalog
-from edgespec.models.gguf_meta import GGUFError, TokenizerInfo, compatible, read_tokenizer, tokenizer_of
+from edgespec.models.gguf_meta import (
+    ArchInfo,
+    GGUFError,
+    TokenizerInfo,
+    compatible,
+    read_tokenizer,
+    tokenizer_of,
+)
 from edgespec.models.hubref import DEFAULT_QUANT, HubRef, quant_of
 
 log = logging.getLogger(__name__)
@@ -132,6 +140,19 @@ def _judge(target: str | None, target_path: Path, catalog: Catalog, online: bool
     if pair is not None:
         rows.sort(key=lambda r: r[0] != pair.draft)
     return choice, rows
+
+
+def mtp_note(label: str, arch: ArchInfo, choice: DraftChoice) -> str | None:
+    """Why a target that carries MTP layers may need no draft model: ``--drafter mtp`` drafts
+    with the target's own multi-token-prediction layers, and ``choice``'s draft (a separate
+    file, same tokenizer) is the alternative. ``None`` when ``arch`` has no MTP layer."""
+    if not arch.mtp_layers:
+        return None
+    layers = f"{arch.mtp_layers} MTP layer{'s' if arch.mtp_layers != 1 else ''}"
+    own = f"{label} carries {layers}: `--drafter mtp` drafts with the model's own layers (no second model)"
+    if choice.draft is None:
+        return f"{own}; no catalog draft model shares its tokenizer"
+    return f"{own}; the alternative is the draft model {choice.draft} (same tokenizer, `--drafter model`)"
 
 
 def _describe(info: TokenizerInfo) -> str:

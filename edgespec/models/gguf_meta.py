@@ -4,7 +4,9 @@ Whether a draft model can draft for a target depends on their tokenizers, which 
 keeps in its header (``tokenizer.ggml.*``). This reads only that header, sequentially through
 one buffer, from any object with ``.read(n)`` (a local file, or a remote one fetched by byte
 ranges), so a draft can be judged without downloading or loading it: llama.cpp needs the whole
-file, and gguf-py's reader a memory-mapped local one.
+file, and gguf-py's reader a memory-mapped local one. The same header says what the model is
+(:func:`arch_of`): its architecture, whether that keeps recurrent state (hybrid models such as
+Qwen3.5's), and how many multi-token-prediction layers it carries.
 """
 
 from __future__ import annotations
@@ -249,3 +251,91 @@ def compatible(target_tokens: Sequence[str], target: TokenizerInfo, draft: Token
     if tokens_digest(target_tokens, draft.n_tokens) != draft.tokens_sha256:
         return f"token texts differ within the first {draft.n_tokens} tokens"
     return None
+
+
+# ---------------------------------------------------------------------------- architecture
+
+#: llama.cpp's architectures (``general.architecture``) whose layers keep a recurrent state
+#: beside attention layers: ``llm_arch_is_hybrid`` in llama.cpp's src/llama-arch.cpp. Such a
+#: model's context cannot simply drop its last tokens (a rejected draft): the recurrent state
+#: has to be restored from a copy kept before them.
+HYBRID_ARCHS = frozenset({
+    "falcon-h1", "granitehybrid", "jamba", "kimi-linear", "lfm2", "lfm2moe", "nemotron_h",
+    "nemotron_h_moe", "plamo2", "qwen35", "qwen35moe", "qwen3next",
+})
+#: Architectures with recurrent layers only, no attention: ``llm_arch_is_recurrent``.
+RECURRENT_ARCHS = frozenset({"arwkv7", "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7"})
+
+_ARCH_KEY = "general.architecture"
+_MTP_SUFFIX = ".nextn_predict_layers"
+
+
+def arch_kind(arch: str | None) -> str:
+    """``"hybrid"``, ``"recurrent"`` or ``"attention"`` (any other architecture, known or not;
+    ``None`` or ``""`` too) for a llama.cpp architecture name."""
+    if arch in HYBRID_ARCHS:
+        return "hybrid"
+    if arch in RECURRENT_ARCHS:
+        return "recurrent"
+    return "attention"
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """What a GGUF header says of the model's layers (see :func:`arch_of`)."""
+
+    arch: str  #: general.architecture, e.g. "qwen35"; "" when the header names none
+    mtp_layers: int = 0  #: <arch>.nextn_predict_layers: its multi-token-prediction layers
+
+    @property
+    def kind(self) -> str:
+        """:func:`arch_kind` of the architecture."""
+        return arch_kind(self.arch)
+
+    @property
+    def hybrid(self) -> bool:
+        """Recurrent layers beside attention (:data:`HYBRID_ARCHS`)."""
+        return self.kind == "hybrid"
+
+    @property
+    def recurrent(self) -> bool:
+        """Recurrent layers only (:data:`RECURRENT_ARCHS`)."""
+        return self.kind == "recurrent"
+
+    def describe(self) -> str:
+        """``qwen35, hybrid, MTP layers: 1``; a plain attention model is its architecture alone."""
+        parts = [self.arch or "unknown architecture"]
+        if self.kind != "attention":
+            parts.append(self.kind)
+        if self.mtp_layers:
+            parts.append(f"MTP layers: {self.mtp_layers}")
+        return ", ".join(parts)
+
+
+class _ArchKeys:
+    """The keys :func:`read_arch` keeps: the architecture, and any architecture's MTP count
+    (which architecture is not known until its key is read)."""
+
+    def __contains__(self, key: object) -> bool:
+        return key == _ARCH_KEY or (isinstance(key, str) and key.endswith(_MTP_SUFFIX))
+
+
+def read_arch(fh: BinaryIO) -> ArchInfo:
+    """The architecture and MTP layer count, from the GGUF header read from ``fh`` (as
+    :func:`read_metadata` reads it). Raises GGUFError, also for values of the wrong type."""
+    meta = _metadata(fh, _ArchKeys(), raw=False)
+    arch = meta.get(_ARCH_KEY, "")
+    if not isinstance(arch, str):
+        raise GGUFError(f"malformed GGUF header: {_ARCH_KEY} is not a string")
+    layers = meta.get(arch + _MTP_SUFFIX, 0) if arch else 0
+    if type(layers) is not int or layers < 0:
+        raise GGUFError(f"malformed GGUF header: {arch}{_MTP_SUFFIX} is {layers!r}, "
+                        "not a count of layers")
+    return ArchInfo(arch, layers)
+
+
+def arch_of(path: str | os.PathLike) -> ArchInfo:
+    """:func:`read_arch` of the local file at ``path``: its architecture, whether that is hybrid
+    or recurrent, and how many MTP (multi-token-prediction, "nextn") layers it carries."""
+    with open(path, "rb") as fh:
+        return read_arch(fh)
