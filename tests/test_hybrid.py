@@ -36,10 +36,10 @@ CHOICE = {
 }
 
 
-def _engine(target: str, draft: str, **kw):
+def _engine(target: str, draft: str, *, mtp: bool = False, **kw):
     from edgespec.runtime.engine import Engine
 
-    return Engine.load(str(synthetic.cached(target)), str(synthetic.cached(draft)),
+    return Engine.load(str(synthetic.cached(target, mtp=mtp)), str(synthetic.cached(draft)),
                        drafter="model", n_ctx=1024, progress=False, **kw)
 
 
@@ -48,6 +48,13 @@ def _engine(target: str, draft: str, **kw):
 def hybrid_engine(request):
     """A hybrid target with a hybrid draft of other weights (most drafts are rejected)."""
     with _engine(*request.param) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def mtp_engine():
+    """The tiny qwen35 with an MTP layer (its own drafter), and a hybrid draft model beside."""
+    with _engine("qwen35-tiny", "lfm2-tiny", mtp=True) as engine:
         yield engine
 
 
@@ -140,15 +147,18 @@ def test_a_rejected_draft_is_taken_back_exactly(hybrid_engine):
 
 
 def test_sampled_tokens_follow_the_target_distribution_with_a_hybrid_draft(hybrid_engine):
+    _check_law(hybrid_engine, "model")
+
+
+def _check_law(engine, drafter: str) -> None:
     """Temperature 1 with top-k 3 (a small support on these flat random models): the first two
     tokens over 400 seeded runs against the target's own law, enumerated exactly."""
-    engine = hybrid_engine
     params = SamplingParams(temperature=1.0, top_k=3)
     prompt = PROMPTS[1]
     n_runs = 400
     outcomes: Counter = Counter()
     for seed in np.random.default_rng(7).integers(0, 2**31, size=n_runs):
-        out = engine.complete(prompt, drafter="model", draft_length=2, max_tokens=2, chat=False,
+        out = engine.complete(prompt, drafter=drafter, draft_length=2, max_tokens=2, chat=False,
                               sampling=SamplingParams(temperature=1.0, top_k=3, seed=int(seed)))
         outcomes[tuple(ids(out))] += 1
     target = engine.target
@@ -162,3 +172,32 @@ def test_sampled_tokens_follow_the_target_distribution_with_a_hybrid_draft(hybri
         for x2 in np.flatnonzero(p2):
             expected[(int(x1), int(x2))] = float(p1[x1] * p2[x2])
     assert chi2_pvalue(outcomes, expected) > ALPHA
+
+
+def test_mtp_greedy_equals_plain_decoding_alone_and_under_auto(mtp_engine):
+    engine = mtp_engine
+    assert engine.mtp is not None
+    for prompt in PROMPTS:
+        outs = {d: engine.complete(prompt, drafter=d, max_tokens=32, chat=False, sampling=GREEDY)
+                for d in ("none", "mtp", "auto", "model", "lookup")}
+        plain = ids(outs["none"])
+        for d, out in outs.items():
+            assert ids(out) == plain, d
+        assert outs["mtp"].stats.by_drafter["mtp"].drafted > 0
+    constrained = {d: engine.complete(PROMPTS[1], drafter=d, json_schema=CHOICE, max_tokens=48,
+                                      chat=False, sampling=GREEDY) for d in ("none", "mtp")}
+    assert ids(constrained["mtp"]) == ids(constrained["none"])
+
+
+def test_mtp_is_offered_only_where_the_target_has_the_layers(mtp_engine, hybrid_engine):
+    from edgespec.errors import ConfigError
+    from edgespec.runtime import sources
+
+    assert "mtp" in sources.usable(True, mtp_engine.mtp is not None)
+    assert hybrid_engine.mtp is None
+    with pytest.raises(ConfigError, match="multi-token-prediction"):
+        hybrid_engine.complete(PROMPTS[0], drafter="mtp", max_tokens=4, chat=False)
+
+
+def test_mtp_sampled_tokens_follow_the_target_distribution(mtp_engine):
+    _check_law(mtp_engine, "mtp")

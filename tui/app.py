@@ -309,7 +309,7 @@ class ChatApp(App[None]):
         if choice is not None:  # the draft was picked for this target: say which and why
             picked = f"draft {choice.draft}: {choice.reason}" if choice.draft else choice.reason
             self.notify(picked, title="draft model", timeout=8)
-        if self.drafter not in sources.usable(self._has_draft_model()):
+        if self.drafter not in sources.usable(self._has_draft_model(), self._has_mtp()):
             self.notify(f"no draft model loaded: drafter {self.drafter} → lookup", severity="warning")
             self.drafter = "lookup"
         self.query_one("#loading").remove()
@@ -328,6 +328,9 @@ class ChatApp(App[None]):
 
     def _has_draft_model(self) -> bool:
         return self.engine is None or getattr(self.engine, "draft", None) is not None
+
+    def _has_mtp(self) -> bool:
+        return self.engine is not None and getattr(self.engine, "mtp", None) is not None
 
     # ---- turns -------------------------------------------------------------------------------
 
@@ -483,12 +486,12 @@ class ChatApp(App[None]):
         self.exit()
 
     def action_cycle_drafter(self) -> None:
-        choices = sources.usable(self._has_draft_model())
+        choices = sources.usable(self._has_draft_model(), self._has_mtp())
         i = choices.index(self.drafter) if self.drafter in choices else -1
         self.set_drafter(choices[(i + 1) % len(choices)])
 
     def set_drafter(self, name: str) -> None:
-        if not sources.spec(name).usable(self._has_draft_model()):
+        if not sources.spec(name).usable(self._has_draft_model(), self._has_mtp()):
             raise ConfigError(f"drafter {name} needs a draft model: start with --drafter {name} "
                               "(or --draft NAME|PATH)")
         self.drafter = name

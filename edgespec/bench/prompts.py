@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -223,6 +223,21 @@ def select_prompts(prompts: Sequence[BenchPrompt], only: Sequence[str] = (),
     if not chosen:
         raise ConfigError("no prompt left after --only/--kinds")
     return chosen
+
+
+def as_raw(prompt: BenchPrompt) -> BenchPrompt:
+    """``prompt`` as raw text, for a model without a chat template (a base model, a synthetic
+    one): a conversation's contents one after the other."""
+    if prompt.raw:
+        return prompt
+    text = (prompt.prompt if prompt.messages is None
+            else "\n\n".join(m["content"] for m in prompt.messages))
+    return replace(prompt, prompt=text, messages=None, raw=True)
+
+
+def for_model(prompts: Sequence[BenchPrompt], has_chat_template: bool) -> list[BenchPrompt]:
+    """The prompts as a model takes them: as they are, or raw where it has no chat template."""
+    return list(prompts) if has_chat_template else [as_raw(p) for p in prompts]
 
 
 def code_blocks(prompts: Sequence[BenchPrompt]) -> list[str]:

@@ -17,7 +17,7 @@ from ..bench.memory import DEFAULT_N_CTX as MEMORY_CTX
 from ..bench.memory import DEFAULT_PROMPT_TOKENS as MEMORY_PROMPT_TOKENS
 from ..bench.memory import DEFAULT_SIDES as MEMORY_SIDES
 from ..bench.memory import SIDES
-from ..bench.prompts import KINDS, BenchPrompt, load_prompts, select_prompts
+from ..bench.prompts import KINDS, BenchPrompt, for_model, load_prompts, select_prompts
 from ..bench.run import (
     DEFAULT_DRAFTERS,
     DEFAULT_MAX_TOKENS,
@@ -242,6 +242,7 @@ def _bench(*, drafters, prompts_file, only, kinds, repeats, max_tokens, warmup, 
 
                     sweep_result = run_sweep(engine)
                     print_sweep(sweep_result, click.echo)
+                prompts = for_model(prompts, getattr(engine.target, "has_chat_template", True))
                 if runs:
                     configs, skipped = _configs(engine, names, ks)
                     for s in skipped:
@@ -373,8 +374,8 @@ def _configs(engine, names, ks) -> tuple[list[Config], list[dict]]:
     configs, skipped = [], []
 
     def usable(name) -> bool:
-        if not sources.spec(name).usable(engine.draft is not None):
-            skipped.append({"config": name, "reason": "no draft model loaded (--draft)"})
+        if not sources.spec(name).usable(engine.draft is not None, getattr(engine, "mtp", None) is not None):
+            skipped.append({"config": name, "reason": "no draft model loaded (--draft)" if sources.spec(name).requires_draft_model else "the target has no MTP layers"})
             return False
         return True
 

@@ -85,7 +85,7 @@ verify.params = [temperature if p.name == "temperature" else p
 
 def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_prompt, raw,
             samples, tokens, alpha, as_json, **opts) -> None:
-    from ..bench.prompts import load_prompts, select_prompts
+    from ..bench.prompts import for_model, load_prompts, select_prompts
     from ..runtime import sources
     from .options import load_engine, make_constraint, make_sampling
 
@@ -109,12 +109,13 @@ def _verify(v, *, drafters, greedy, prompts_file, only, greedy_tokens, sampling_
     try:
         with load_engine(dict(opts, drafter=config.DEFAULT_DRAFTER),
                          progress=not as_json) as engine:
-            usable = sources.usable(engine.draft is not None)
+            usable = sources.usable(engine.draft is not None, getattr(engine, "mtp", None) is not None)
             if names is None:  # every source that drafts and can run here
                 names = [n for n in usable if sources.spec(n).drafts]
             elif set(names) - set(usable):
                 raise ConfigError(f"drafters {', '.join(sorted(set(names) - set(usable)))} "
                                   "need a draft model (--draft)")
+            prompts = for_model(prompts, getattr(engine.target, "has_chat_template", True))
             g = v.verify_greedy(engine, [(p.id, p.payload, not p.raw) for p in prompts], names,
                                 greedy_tokens, progress=say, params=params,
                                 constraint=constraint) if greedy else []

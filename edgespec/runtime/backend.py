@@ -137,6 +137,9 @@ class ModelOptions:
     #: it): batch-consistent logits on any device, at the cost of a W-wide call per plain step.
     #: 0 = off (the CPU pieces when ``batch_consistent``, else batch-dependent)
     fixed_width: int = 0
+    #: load the GGUF's multi-token-prediction layers where it has some (a target: the ``mtp``
+    #: source drafts with them, :mod:`edgespec.runtime.mtp`)
+    mtp: bool = False
 
 
 def parse_tensor_split(text: str | Sequence[float] | None) -> tuple[float, ...]:
@@ -227,8 +230,11 @@ class LlamaBackend:
         path = Path(options.path)
         _check_width(options)
         check_gguf_file(path)
+        from .mtp import nextn_layers
+
         self.model = LlamaModel(path, n_gpu_layers=options.n_gpu_layers, repack=options.repack,
-                                endpoints=options.rpc, tensor_split=options.tensor_split)
+                                endpoints=options.rpc, tensor_split=options.tensor_split,
+                                load_mtp=options.mtp and nextn_layers(path) > 0)
         try:
             on_gpu = offloads_locally(options.n_gpu_layers, options.rpc)
             self.context = LlamaContext(self.model, _context_params(options, self.model, on_gpu))
@@ -259,6 +265,7 @@ class LlamaBackend:
     draft_reach = _forward("context.draft_reach", "The longest draft a round may score (None: "
                            "any; a model with recurrent layers rolls back one call).")
     recurrent = _forward("model.recurrent", "Some layers keep a recurrent state (a hybrid model).")
+    load_mtp = _forward("model.load_mtp", "The model's MTP layers are loaded (an MTP head may run).")
 
     def close(self) -> None:
         """Free the context and model (idempotent)."""

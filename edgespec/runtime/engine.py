@@ -171,6 +171,20 @@ def _note(progress: bool, message: str) -> None:
         print(f"note: {message}", file=sys.stderr, flush=True)
 
 
+def _mtp_head(target):
+    """(the MTP head, its hidden rows) on a target loaded with its MTP layers, the rows hooked
+    to the target's calls; None for any other target."""
+    if not getattr(target, "load_mtp", False):
+        return None
+    from .mtp import MtpHead
+    from .sources.mtp import HiddenRows
+
+    head = MtpHead(target.model, target.context._ctx.ctx)
+    rows = HiddenRows(head)
+    target.context.on_call = rows
+    return head, rows
+
+
 def _note_reach(target, progress: bool) -> None:
     """Say once, at load, how far a target with recurrent layers lets a round draft."""
     reach = getattr(target, "draft_reach", None)
@@ -325,8 +339,10 @@ class Engine:
         self.draft_window = validate_draft_window(draft_window)
         if draft is not None and _same_file(target, draft):
             self.draft_window = 0  # a self-draft's q must stay its target's p, bit for bit
-        if not sources.spec(drafter).usable(draft is not None):
-            raise ConfigError(f"drafter {drafter!r} needs a draft model (--draft)")
+        #: the target's MTP head and the hidden rows it reads, where its GGUF has MTP layers
+        #: (loaded with them): the ``mtp`` source's (:mod:`edgespec.runtime.sources.mtp`)
+        self.mtp: tuple | None = _mtp_head(target)
+        sources.check_usable(drafter, draft is not None, self.mtp is not None)
         self.drafter_name = drafter
         self.draft_length = validate_draft_length(draft_length)
         self.costs: Costs | None = None
@@ -422,12 +438,21 @@ class Engine:
                 graphs=caps.graph_shapes,
                 repeats=config.CALIBRATION_REPEATS, budget_s=config.CALIBRATION_BUDGET_S,
                 clock=clock)
-            draft_cost = (measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
-                                             budget_s=config.DRAFT_CALIBRATION_BUDGET_S,
-                                             clock=clock)
-                          if self.draft is not None else None)
+            draft_cost = self._paid_cost(clock)
             self.costs = Costs(target, draft_cost, clock() - start)
         return self.costs
+
+    def _paid_cost(self, clock: Clock) -> float | None:
+        """Seconds per token of ``auto``'s paid source: the MTP head's where the target has
+        one (the registry offers it first), else the draft model's; None without either."""
+        if self.mtp is not None:
+            from .sources.mtp import measure_step
+
+            return measure_step(self.mtp[0], n=3, repeats=config.CALIBRATION_REPEATS)
+        if self.draft is None:
+            return None
+        return measure_draft_cost(self.draft, n=3, repeats=config.CALIBRATION_REPEATS,
+                                  budget_s=config.DRAFT_CALIBRATION_BUDGET_S, clock=clock)
 
     def _warm(self, upto: int, *, draft: bool) -> None:
         """Run every call width 1 .. ``upto`` once on each model whose calls keep CUDA graphs
@@ -469,6 +494,10 @@ class Engine:
             self._lock.release()
 
     def _free(self) -> None:
+        if self.mtp is not None:  # (before the target's context)
+            self.target.context.on_call = None
+            self.mtp[0].close()
+            self.mtp = None
         for model in (self.draft, self.target):
             if model is not None and hasattr(model, "close"):
                 model.close()
@@ -587,7 +616,7 @@ class Engine:
         engine's costs)."""
         kit = sources.Kit(self.draft, self.target.n_vocab, self.max_ngram, self.min_ngram,
                           self.draft_window, guide,
-                          self._policy() if sources.spec(name).chooser else None)
+                          self._policy() if sources.spec(name).chooser else None, mtp=self.mtp)
         return sources.make_source(name, kit)
 
     def _prompt_in_context(self, prompt: Prompt, chat: bool, system: str | None,

@@ -124,6 +124,10 @@ class LlamaContext:
     _in_flight = False  #: a launched llama_decode not yet waited for
     _chain = None  #: the backend sampler chain attached now, if any
     _retired: Sequence = ()  #: chains detached since the last decode (freed after it)
+    #: called after each llama_decode call is done, with the position of its first token and
+    #: its tokens (pads too): an MTP head reads the target's hidden rows of that call then,
+    #: before the next call overwrites them (:mod:`edgespec.runtime.sources.mtp`)
+    on_call = None
 
     def __init__(self, model: LlamaModel, params: ContextParams) -> None:
         self.model = model
@@ -649,6 +653,9 @@ class LlamaContext:
                 watchdog.deadline = None
         self._in_flight = False
         self.decode_seconds += time.perf_counter() - t0
+        if self.on_call is not None:
+            n = self._batch.n_tokens
+            self.on_call(int(self._batch.pos[0]), self._b_token[:n])
 
     # ---- outputs of the last call -------------------------------------------------------------
 

@@ -68,14 +68,19 @@ class LlamaModel:
     handle: _internals.LlamaModel | None = None
 
     def __init__(self, path: Path, *, n_gpu_layers: int = 0, repack: bool = True,
-                 endpoints: tuple[str, ...] = (), tensor_split: tuple[float, ...] = ()) -> None:
+                 endpoints: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
+                 load_mtp: bool = False) -> None:
         """Load ``path`` with ``n_gpu_layers`` offloaded (-1: all) to the devices of the RPC
         workers at ``endpoints`` or this machine's, shared as ``tensor_split`` weighs them;
-        ``repack``: llama.cpp's repacked CPU weights."""
+        ``repack``: llama.cpp's repacked CPU weights; ``load_mtp``: its multi-token-prediction
+        layers too (only where it has some: an MTP context needs them)."""
         self.path = path
         self.n_gpu_layers = n_gpu_layers
+        self.load_mtp = load_mtp
         take_log_lines()  # drop stale lines
-        self.handle = self._load(self._params(n_gpu_layers, repack, endpoints, tensor_split))
+        params = self._params(n_gpu_layers, repack, endpoints, tensor_split)
+        params.load_mtp = load_mtp
+        self.handle = self._load(params)
         #: MiB of weights on each buffer (``CPU_Mapped``, ``RPC0[host:port]``, ``CUDA0``)
         self.placement: dict[str, float] = model_buffers(take_log_lines())
         self._vocab = self.handle.vocab

@@ -198,8 +198,10 @@ class LoadOptions:
 
     def target_options(self, path: Path):
         """How the target at ``path`` loads (:class:`~edgespec.runtime.backend.ModelOptions`)."""
-        return self._model(path, self.n_gpu_layers, self.batch_consistent, self.fixed_width,
-                           self.rpc, self.tensor_split)
+        from dataclasses import replace
+
+        return replace(self._model(path, self.n_gpu_layers, self.batch_consistent,
+                                   self.fixed_width, self.rpc, self.tensor_split), mtp=True)
 
     def draft_options(self, path: Path, same_file: bool):
         """Exactness needs only the target's logits to be batch-independent: the draft's q is

@@ -15,12 +15,13 @@ from typing import Sequence
 from ...config import (AUTO_MAX_DRAFT_LENGTH, DEFAULT_DRAFT_LENGTH, DEFAULT_MAX_NGRAM,
                        DEFAULT_MIN_NGRAM, DRAFT_WINDOW)
 from ...errors import ConfigError
-from . import auto, hybrid, lookup, model, none
+from . import auto, hybrid, lookup, model, mtp, none
 from .base import Draft, Drafter, DraftModel, Kit, Outcome, SourceSpec
 
 REGISTRY: dict[str, SourceSpec] = {spec.name: spec for spec in (
     auto.SPEC,
     hybrid.SPEC,
+    mtp.SPEC,  # (before model: auto's paid source where the target has MTP layers)
     model.SPEC,
     lookup.SPEC,
     none.SPEC,
@@ -43,15 +44,16 @@ def check_name(name: str) -> str:
     return spec(name).name
 
 
-def usable(has_draft_model: bool) -> tuple[str, ...]:
-    """The sources that can run with (or without) a draft model loaded, in the faces' order."""
-    return tuple(s.name for s in REGISTRY.values() if s.usable(has_draft_model))
+def usable(has_draft_model: bool, has_mtp: bool = False) -> tuple[str, ...]:
+    """The sources that can run with (or without) a draft model loaded and an MTP head on the
+    target, in the faces' order."""
+    return tuple(s.name for s in REGISTRY.values() if s.usable(has_draft_model, has_mtp))
 
 
 def without_draft_model(name: str) -> str:
     """The source that runs for ``name`` where no draft model is loaded: itself if it can,
     else the registry's ``copy`` source (prompt lookup), which needs nothing."""
-    if spec(name).usable(False):
+    if not spec(name).requires_draft_model:
         return name
     return next(s.name for s in REGISTRY.values() if s.auto_role == "copy")
 
@@ -66,12 +68,27 @@ def default_length(name: str) -> int:
 def make_source(name: str, kit: Kit) -> Drafter:
     """Build the source ``name`` from ``kit``; a ConfigError if it needs what the kit lacks."""
     entry = spec(name)
-    if not entry.usable(kit.draft_model is not None):
-        raise ConfigError(f"drafter {name!r} needs a draft model (--draft)")
+    if not entry.usable(kit.draft_model is not None, kit.mtp is not None):
+        raise ConfigError(_needs(entry))
     made = entry.make(replace(kit, offers=offered(kit)) if entry.chooser else kit)
     if entry.max_length is not None:
         made.max_length = entry.max_length
     return made
+
+
+def _needs(entry: SourceSpec) -> str:
+    """What a source that cannot run here lacks, in words."""
+    if entry.extra_context:
+        return (f"drafter {entry.name!r} needs a target with multi-token-prediction layers "
+                "(e.g. Qwen3.5's MTP GGUFs)")
+    return f"drafter {entry.name!r} needs a draft model (--draft)"
+
+
+def check_usable(name: str, has_draft_model: bool, has_mtp: bool = False) -> None:
+    """A ConfigError unless ``name`` can run with what is loaded."""
+    entry = spec(name)
+    if not entry.usable(has_draft_model, has_mtp):
+        raise ConfigError(_needs(entry))
 
 
 def offered(kit: Kit) -> dict[str, Drafter]:
@@ -80,7 +97,8 @@ def offered(kit: Kit) -> dict[str, Drafter]:
     roles: dict[str, Drafter] = {}
     for entry in REGISTRY.values():
         role = entry.auto_role
-        if role is not None and role not in roles and entry.usable(kit.draft_model is not None):
+        if (role is not None and role not in roles
+                and entry.usable(kit.draft_model is not None, kit.mtp is not None)):
             roles[role] = make_source(entry.name, kit)
     return roles
 
@@ -95,6 +113,6 @@ def make_drafter(name: str, draft_model: DraftModel | None = None, n_vocab: int 
 
 __all__: Sequence[str] = (
     "REGISTRY", "NAMES", "Draft", "Drafter", "DraftModel", "Kit", "Outcome", "SourceSpec",
-    "spec", "check_name", "usable", "without_draft_model", "default_length", "make_source",
+    "spec", "check_name", "check_usable", "usable", "without_draft_model", "default_length", "make_source",
     "offered", "make_drafter",
 )

@@ -104,6 +104,8 @@ class Kit:
     guide: object | None = None
     #: ``auto``'s :class:`~edgespec.core.policy.Policy`
     policy: object | None = None
+    #: the target's MTP head and the hidden rows it reads (:mod:`.mtp`), where it has one
+    mtp: tuple | None = None
     #: for a source that plays the others (``auto``): the registry's source for each role
     #: that can run here (:func:`edgespec.runtime.sources.offered`)
     offers: Mapping[str, "Drafter"] = field(default_factory=dict)
@@ -146,9 +148,11 @@ class SourceSpec:
     def requires_draft_model(self) -> bool:
         return self.draft_model == "required"
 
-    def usable(self, has_draft_model: bool) -> bool:
-        """Whether it can run with (or without) a draft model loaded."""
-        return has_draft_model or not self.requires_draft_model
+    def usable(self, has_draft_model: bool, has_mtp: bool = False) -> bool:
+        """Whether it can run with (or without) a draft model loaded, and with (or without) an
+        MTP head on the target."""
+        return ((has_draft_model or not self.requires_draft_model)
+                and (has_mtp or not self.extra_context))
 
 
 class _Defaults(Drafter):
