@@ -25,18 +25,23 @@ def _policy() -> Policy:
 
 
 def test_the_registry_lists_every_source_once_in_the_faces_order():
-    assert sources.NAMES == ("auto", "hybrid", "model", "lookup", "none")
+    assert sources.NAMES == ("auto", "hybrid", "mtp", "model", "lookup", "none")
     assert all(sources.spec(n).name == n for n in sources.NAMES)
     assert [n for n in sources.NAMES if not sources.spec(n).drafts] == ["none"]
     assert [n for n in sources.NAMES if sources.spec(n).chooser] == ["auto"]
 
 
 def test_what_each_source_needs_decides_where_it_can_run():
-    assert sources.usable(True) == sources.NAMES
+    assert sources.usable(True, True) == sources.NAMES
+    assert sources.usable(True) == ("auto", "hybrid", "model", "lookup", "none")
     assert sources.usable(False) == ("auto", "lookup", "none")
+    assert sources.usable(False, True) == ("auto", "mtp", "lookup", "none")
     assert {n for n in sources.NAMES if sources.spec(n).uses_draft_model} == {"auto", "hybrid", "model"}
+    assert sources.without_draft_model("mtp") == "mtp"
     with pytest.raises(ConfigError, match="needs a draft model"):
         sources.make_source("hybrid", Kit())
+    with pytest.raises(ConfigError, match="multi-token-prediction layers"):
+        sources.make_source("mtp", Kit())
     with pytest.raises(ConfigError, match="unknown drafter 'magic': choose one of auto, hybrid"):
         sources.check_name("magic")
 

@@ -46,7 +46,8 @@ from ..runtime.loop import prefill, rounds
 
 #: The default target's vocabulary (Qwen2.5-Coder).
 DEFAULT_VOCAB = 151_936
-DRAFTERS = tuple(reversed(sources.NAMES))  #: plain decoding first
+#: plain decoding first; not a source that needs a real target's own layers (``mtp``)
+DRAFTERS = tuple(n for n in reversed(sources.NAMES) if not sources.spec(n).extra_context)
 LENGTHS = (4, 16)
 SAMPLINGS: dict[str, SamplingParams] = {
     "greedy": SamplingParams(temperature=0.0),

@@ -184,6 +184,18 @@ def _check_width(options: ModelOptions) -> None:
                           f"got {options.fixed_width}")
 
 
+def _mtp_layers(path: Path) -> int:
+    """The GGUF's multi-token-prediction layers (0 where its header cannot say: llama.cpp's
+    load then tells what is wrong with the file)."""
+    from ..models.gguf_meta import GGUFError
+    from .mtp import nextn_layers
+
+    try:
+        return nextn_layers(path)
+    except (GGUFError, OSError, ValueError):
+        return 0
+
+
 def _context_params(options: ModelOptions, model: LlamaModel, on_gpu: bool) -> ContextParams:
     """The context ``options`` ask for on ``model``, whose layers are on this machine's GPU
     where ``on_gpu``."""
@@ -230,11 +242,9 @@ class LlamaBackend:
         path = Path(options.path)
         _check_width(options)
         check_gguf_file(path)
-        from .mtp import nextn_layers
-
         self.model = LlamaModel(path, n_gpu_layers=options.n_gpu_layers, repack=options.repack,
                                 endpoints=options.rpc, tensor_split=options.tensor_split,
-                                load_mtp=options.mtp and nextn_layers(path) > 0)
+                                load_mtp=options.mtp and _mtp_layers(path) > 0)
         try:
             on_gpu = offloads_locally(options.n_gpu_layers, options.rpc)
             self.context = LlamaContext(self.model, _context_params(options, self.model, on_gpu))
