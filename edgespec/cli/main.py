@@ -197,6 +197,17 @@ def _sampler_passes() -> str:
     return "NumPy row passes (not compiled: install a C compiler, then `make setup`)"
 
 
+def _hybrid_support() -> str:
+    """What this llama.cpp offers hybrid and MTP models (docs/hybrid.md), in words."""
+    import llama_cpp
+
+    rollback = hasattr(llama_cpp, "llama_n_rs_seq")
+    mtp = hasattr(llama_cpp, "LLAMA_CONTEXT_TYPE_MTP")
+    return ("recurrent-state rollback " + ("yes (n_rs_seq snapshots)" if rollback else
+                                           "no: hybrid models decode plainly")
+            + "; MTP drafting " + ("yes (--drafter mtp)" if mtp else "no"))
+
+
 @cli.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--rpc", metavar="HOST:PORT[,...]", default=None,
               help="Also list the devices these `edgespec worker` processes serve.")
@@ -221,6 +232,7 @@ def info(rpc: str | None) -> None:
                + ("offloaded layers batch-dependent, exact with --exact "
                   f"(--fixed-width {config.EXACT_FIXED_WIDTH}) or --fixed-width W"
                   if gpu_offload_supported() else "--fixed-width W exact on any device"))
+    click.echo("hybrid models:    " + _hybrid_support())
     click.echo("features:         " + " ".join(k for k, v in features.items() if v == "1"))
     click.echo("sampler:          " + _sampler_passes())
     has_rpc = rpc_backend.available()
