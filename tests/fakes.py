@@ -215,6 +215,34 @@ class FakeLM:
         self.closed = True
 
 
+class RecurrentLM(FakeLM):
+    """A target with recurrent layers, as llama.cpp's snapshots let it be taken back: a cut
+    may drop at most ``reach`` tokens, all of them fed by the last decode call and not its
+    first, once (:mod:`edgespec.runtime.recurrent`); anything else fails the test."""
+
+    def __init__(self, table: LogitTable, *, reach: int = 2, **kw) -> None:
+        super().__init__(table, **kw)
+        self.draft_reach = reach
+        self._droppable = 0
+        self.rollbacks: list[int] = []
+
+    def decode(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        out = super().decode(tokens, n_logits)
+        self._droppable = min(len(tokens) - 1, self.draft_reach)
+        return out
+
+    def trim(self, n: int) -> int:
+        drop = len(self.tokens) - n
+        if drop > 0:
+            assert drop <= self._droppable, f"rolled back {drop} tokens, {self._droppable} reachable"
+            self._droppable = 0
+            self.rollbacks.append(drop)
+        return super().trim(n)
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        return self.trim(common_prefix(self.tokens, prefix))
+
+
 class AheadLM(FakeLM):
     """A FakeLM whose decodes start and finish apart, as LlamaBackend's do where llama.cpp's
     decode is asynchronous (``asynchronous``: a GPU, RPC workers). The work is done at the start

@@ -70,14 +70,21 @@ def _rollbacks(engine):
     return memory.restores, memory.rereads
 
 
-def test_a_hybrid_target_is_seen_and_its_drafts_fit_one_call(hybrid_engine):
-    target = hybrid_engine.target
-    assert target.recurrent and hybrid_engine.draft.recurrent
-    # the CPU's pieces of 3: [last, d1, d2] is one call, whose snapshots take back two tokens
+def test_a_hybrid_target_plays_long_drafts_in_calls_it_can_take_back(hybrid_engine):
+    engine = hybrid_engine
+    target = engine.target
+    assert target.recurrent and engine.draft.recurrent
+    # the CPU's pieces of 3: one call's snapshots take back two tokens
     assert target.draft_reach == 2
-    out = hybrid_engine.complete(PROMPTS[0], drafter="model", draft_length=8, max_tokens=24,
-                                 chat=False, sampling=GREEDY)
-    assert len(out.stats.drafted_hist) <= 3  # every round drafted 0, 1 or 2 tokens
+    restores, rereads = _rollbacks(engine)
+    plain = engine.complete(PROMPTS[0], drafter="none", max_tokens=24, chat=False,
+                            sampling=GREEDY)
+    out = engine.complete(PROMPTS[0], drafter="model", draft_length=8, max_tokens=24,
+                          chat=False, sampling=GREEDY)
+    assert ids(out) == ids(plain)
+    # a round of 8 drafts: calls that each judge at most 3 of them
+    assert len(out.stats.drafted_hist) == 4 and out.stats.drafted_hist[3] > 0
+    assert _rollbacks(engine)[1] == rereads
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -98,7 +105,8 @@ def test_greedy_equals_plain_decoding_with_every_source(hybrid_engine, prompt):
 
 def test_greedy_equals_plain_decoding_when_every_draft_is_accepted(self_drafting):
     outs = {d: self_drafting.complete(PROMPTS[1], drafter=d, max_tokens=40, chat=False,
-                                      sampling=GREEDY) for d in ("none", "model", "auto")}
+                                      sampling=GREEDY, draft_length=8)
+            for d in ("none", "model", "auto")}
     assert ids(outs["model"]) == ids(outs["none"]) == ids(outs["auto"])
     stats = outs["model"].stats
     assert stats.drafted > 0 and stats.accepted == stats.drafted

@@ -22,7 +22,7 @@ from edgespec.runtime import loop
 from edgespec.runtime.drafters import Draft, ModelDrafter, make_drafter
 from edgespec.runtime.loop import prefill, rounds
 
-from .fakes import AheadLM, FakeLM, LogitTable, Perturbed, Table, pair
+from .fakes import AheadLM, FakeLM, LogitTable, Perturbed, RecurrentLM, Table, pair
 from .stats_util import ALPHA, chi2_pvalue
 
 GREEDY = SamplingParams(temperature=0)
@@ -190,6 +190,22 @@ def test_greedy_speculative_equals_greedy_plain(name, k):
     assert 0 < stats.accepted < stats.drafted
     if name == "hybrid":
         assert stats.by_drafter["lookup"].drafted and stats.by_drafter["model"].drafted
+
+
+@pytest.mark.parametrize("name", ["model", "lookup", "hybrid"])
+@pytest.mark.parametrize("reach,k", [(1, 3), (2, 3), (2, 8)])
+def test_a_recurrent_target_plays_long_drafts_in_calls_it_can_take_back(name, reach, k):
+    """A target that can take back only ``reach`` tokens of its last call (the fake fails any
+    other cut): a round of k > reach drafts is played in calls of reach + 1 judged drafts,
+    and greedy output still equals plain decoding's."""
+    target, _ = _greedy_setup()
+    plain, _, _ = generate(target, make_drafter("none"), PROMPT, GREEDY, k, 120)
+    table, draft = _greedy_setup()
+    target = RecurrentLM(table.table, reach=reach)
+    spec, _, stats = generate(target, make_drafter(name, draft, 8), PROMPT, GREEDY, k, 120)
+    assert spec == plain
+    assert 0 < stats.accepted < stats.drafted and target.rollbacks
+    assert max(len(c.tokens) for c in target.calls[1:]) <= reach + 1  # (after the prefill)
 
 
 def test_greedy_equality_survives_reused_caches():
@@ -384,6 +400,24 @@ def test_joint_of_first_three_tokens_is_the_targets(mode):
     for a in range(3):
         assert paths[(a, Source.CORRECTED)] > 100
     assert paths[(3, Source.BONUS)] > 100
+
+
+@pytest.mark.parametrize("mode", STAT_MODES)
+def test_a_round_played_in_calls_keeps_the_joint_the_targets(mode):
+    """Three drafts on a target that takes back one token of its last call: two calls judge
+    them (no bonus between), and the first three tokens keep the target's law."""
+    params = STAT_MODES[mode]
+    targets: list[RecurrentLM] = []
+
+    def fresh() -> RecurrentLM:  # (a new text: a real context reads from a checkpoint)
+        targets.append(RecurrentLM(STAT_TABLE, reach=1))
+        return targets[-1]
+
+    draft = FakeLM(Perturbed(STAT_TABLE, 22, 2.0))
+    counts = _first_three(None, make_drafter("model", draft, 4), params, N_STAT, 33,
+                          new_target=fresh)
+    assert chi2_pvalue(counts, _exact_joint(params)) > ALPHA
+    assert sum(len(t.rollbacks) for t in targets) > 1000
 
 
 @pytest.mark.parametrize("mode", STAT_MODES)

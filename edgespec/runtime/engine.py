@@ -191,9 +191,12 @@ def _note_reach(target, progress: bool) -> None:
     if reach == 0:
         _note(progress, "this model's recurrent layers keep no snapshots to roll back a "
                         "rejected draft (model or build): it decodes plainly")
-    elif reach is not None:
+    elif reach is not None and capabilities(target).asynchronous:
         _note(progress, f"hybrid model (recurrent layers): drafts of at most {reach} tokens, "
                         "what one call's snapshots take back")
+    elif reach is not None:
+        _note(progress, f"hybrid model (recurrent layers): a round's drafts are judged "
+                        f"{reach + 1} a call, whose snapshots take back {reach}")
 
 
 def _pick_draft(target: str, target_path: Path, download: bool, progress: bool):

@@ -22,7 +22,7 @@ scripted fakes, and the real engine with :class:`edgespec.runtime.backend.LlamaB
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
@@ -143,6 +143,23 @@ class _ProcessedRows:
         return row
 
 
+class _NoBonus:
+    """A call's rows that judge all of its ``k`` drafts and have no row after them: the
+    sampler's row k, read only where every draft stood, is a stand-in whose token is dropped
+    (the round goes on with its next call, whose first row is that position's)."""
+
+    _STAND_IN = np.ones(1)
+
+    def __init__(self, rows, k: int) -> None:
+        self._rows, self._k = rows, k
+
+    def __len__(self) -> int:
+        return self._k + 1
+
+    def __getitem__(self, i: int):
+        return self._rows[i] if i < self._k else self._STAND_IN
+
+
 def prefill(target: Target, prompt: Sequence[int]) -> int:
     """Bring the target's cache to ``prompt[:-1]``; return how many tokens were already cached."""
     cached = target.sync(prompt[:-1])
@@ -188,10 +205,15 @@ class Speculator:
         self._is_eog = getattr(target, "is_eog", None)
         #: whether the source learns from its rounds (an Outcome costs µs a round: made only then)
         self._learns = type(drafter).observe is not Drafter.observe or "observe" in vars(drafter)
-        # the longest draft: the generation's, the source's, and what the target can take
-        # back after one call (a model with recurrent layers)
-        self._k = min([gen.draft_length] + [cap for cap in (drafter.max_length, caps.draft_reach)
-                                             if cap is not None])
+        # the longest draft: the generation's and the source's. A target with recurrent
+        # layers takes back only what its last call holds (``draft_reach`` tokens): the CPU's
+        # driver then plays a longer round in calls that each judge reach + 1 drafts
+        # (:meth:`in_calls`); the asynchronous one, whose round is one call, drafts no more.
+        reach = caps.draft_reach
+        self._k = min([gen.draft_length] + [cap for cap in (
+            drafter.max_length, reach if self.ahead or not reach else None) if cap is not None])
+        #: drafts one call may judge, where a round must be split (None: never)
+        self.per_call: int | None = reach + 1 if reach else None
         self.n_ctx = target.n_ctx
         self._max_new = gen.max_new_tokens
         self._t_scored = 0.0  #: when the last call's output was in hand (the verdict's start)
@@ -255,20 +277,22 @@ class Speculator:
         """Start a plain step the source assured, before its work on it."""
         return self.launch(Plan(None, [], [], 0.0))
 
-    def score(self, plan: Plan) -> tuple[object, float]:
+    def score(self, plan: Plan, *, bonus: bool = True) -> tuple[object, float]:
         """The target's output for the plan's call, its picks or its rows (finishing a launched
-        call), and the round's seconds on the target's side."""
+        call), and the round's seconds on the target's side. Without ``bonus`` the call stops
+        before the last draft: its rows judge every draft and none follows them."""
         t = self.clock()
-        n = len(plan.tokens) + 1
+        n = len(plan.tokens) + 1 if bonus else len(plan.tokens)
         if plan.launched:
             out = self.target.finish_decode()
         else:
             self._cache.sync(self.committed, len(self.committed) - 1)
-            call = [self.committed[-1], *plan.tokens]
+            call = [self.committed[-1], *plan.tokens[:n - 1]]
             if self._picks:
                 out = self.target.decode_argmax(call, n)
             elif self._skip_rows and plan.tokens:  # rows a constraint settles need no logits
-                out = self.target.decode(call, n, self._guide.settled(plan.tokens))
+                settled = self._guide.settled(plan.tokens)
+                out = self.target.decode(call, n, [i for i in settled if i < n])
             else:
                 out = self.target.decode(call, n)
         self._t_scored = end = self.clock()
@@ -282,18 +306,21 @@ class Speculator:
 
     # ---- judge -----------------------------------------------------------------------------
 
-    def judge(self, plan: Plan, out: object, t_target: float) -> Verdict:
+    def judge(self, plan: Plan, out: object, t_target: float, *, bonus: bool = True) -> Verdict:
         """The exact sampler's verdict on the plan's drafts (a greedy plain step takes the
-        target's pick: no verdict is made)."""
+        target's pick: no verdict is made). Without ``bonus`` (:meth:`score`'s) a verdict that
+        keeps every draft has no token after them (-1)."""
         t = self._t_scored
         tokens = plan.tokens
         if self._picks:
             if not tokens:
                 return Verdict(0, int(out[0]), Source.TARGET, out, t_target, self.clock() - t)
-            v = verify_greedy(tokens, out)
+            v = verify_greedy(tokens, out if bonus else [*out, -1])
         else:
-            v = verify(tokens, plan.q, _ProcessedRows(out, self.gen.params, self._guide, tokens),
-                       self.rng)
+            rows = _ProcessedRows(out, self.gen.params, self._guide, tokens)
+            v = verify(tokens, plan.q, rows if bonus else _NoBonus(rows, len(tokens)), self.rng)
+            if not bonus and v.n_accepted == len(tokens):
+                v = replace(v, next_token=-1)
         return Verdict(v.n_accepted, v.next_token, v.next_source, out, t_target,
                        self.clock() - t)
 
@@ -302,7 +329,7 @@ class Speculator:
     def commit(self, plan: Plan, verdict: Verdict) -> Round:
         """Extend the text by the round's tokens; the round as the caller gets it."""
         accepted = verdict.accepted
-        new = plan.tokens[:accepted] + [verdict.token]
+        new = plan.tokens[:accepted] + ([verdict.token] if verdict.token >= 0 else [])
         logprobs = None
         guide = self._guide
         if guide is not None:
@@ -315,8 +342,8 @@ class Speculator:
         name = plan.draft.source if plan.draft and plan.tokens else "none"
         self.stats.record_round(name, len(plan.tokens), accepted, plan.t_draft,
                                 verdict.t_target, verdict.t_judge)
-        return Round(new, [Source.DRAFT] * accepted + [verdict.source], name, len(plan.tokens),
-                     accepted, logprobs)
+        return Round(new, [Source.DRAFT] * accepted + [verdict.source] * (len(new) - accepted),
+                     name, len(plan.tokens), accepted, logprobs)
 
     def learn(self, plan: Plan, rnd: Round, t_target: float) -> None:
         """Tell the source what its round did (not a round the constraint forced)."""
@@ -338,13 +365,48 @@ class Speculator:
         return not (any(map(is_eog, rnd.tokens)) if rnd.accepted else is_eog(rnd.tokens[-1]))
 
 
+def in_calls(spec: Speculator, plan: Plan) -> Iterator[Round]:
+    """A round longer than one call can take back (a target with recurrent layers on the CPU's
+    pieces: ``spec.per_call``), played as calls that each judge ``per_call`` drafts from
+    ``[last] + all but the last of them``, the next call made only where they all stood, the
+    last call as any round's (its bonus row included). The rejection test reads the drafts in
+    order, and no bonus is drawn between calls, so this is the one round's test, stopped where
+    it stops; each call's rejected drafts lie inside it, where the snapshots reach. Each call
+    is a :class:`Round` of its own as the caller and the stats see it; the source learns once,
+    from the whole round."""
+    per, done, t_total = spec.per_call, 0, 0.0
+    tokens, q, sources = plan.tokens, plan.q, []
+    new: list[int] = []
+    while True:
+        last = len(tokens) - done < per
+        part = plan._replace(tokens=tokens[done:done + per], q=q[done:done + per],
+                             t_draft=plan.t_draft if not done else 0.0)
+        out, t_target = spec.score(part, bonus=last)
+        rnd = spec.commit(part, spec.judge(part, out, t_target, bonus=last))
+        t_total += t_target
+        new += rnd.tokens
+        sources += rnd.sources
+        done += len(part.tokens)
+        stop = last or rnd.accepted < len(part.tokens) or not spec.goes_on(rnd)
+        if stop:
+            whole = Round(new, sources, rnd.drafter, len(tokens),
+                          sum(s is Source.DRAFT for s in sources))
+            spec.learn(plan, whole, t_total)
+            yield rnd
+            return
+        yield rnd
+
+
 def play(spec: Speculator) -> Iterator[Round]:
     """Rounds one step after another, until the context is full (the caller stops on anything
     else): on the CPU the decode is the work, and launching it before the yield would only
     delay each round's text."""
-    committed, n_ctx = spec.committed, spec.n_ctx
+    committed, n_ctx, per_call = spec.committed, spec.n_ctx, spec.per_call
     while len(committed) < n_ctx:
         plan = spec.propose()
+        if per_call is not None and len(plan.tokens) >= per_call:
+            yield from in_calls(spec, plan)
+            continue
         out, t_target = spec.score(plan)
         verdict = spec.judge(plan, out, t_target)
         rnd = spec.commit(plan, verdict)
