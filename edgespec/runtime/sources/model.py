@@ -150,8 +150,11 @@ class ModelDrafter(Drafter):
 
     def wide(self, behind: int) -> bool:
         """Whether reading ``behind`` tokens takes one call for them all (else a call each:
-        see :meth:`_catch_up`)."""
-        return behind > 1 and not (self._caps.graph_shapes and behind <= SINGLE_CATCHUP)
+        see :meth:`_catch_up`). A draft model with recurrent layers always reads them in one:
+        its prefill call leaves the checkpoint its next rollback goes back to
+        (:mod:`edgespec.runtime.recurrent`)."""
+        return behind > 1 and (getattr(self.model, "recurrent", False)
+                               or not (self._caps.graph_shapes and behind <= SINGLE_CATCHUP))
 
     def step_cost(self) -> float | None:
         """Seconds per drafted token in the last proposal, as the calibration measures it
