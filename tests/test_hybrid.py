@@ -209,3 +209,17 @@ def test_mtp_is_offered_only_where_the_target_has_the_layers(mtp_engine, hybrid_
 
 def test_mtp_sampled_tokens_follow_the_target_distribution(mtp_engine):
     _check_law(mtp_engine, "mtp")
+
+
+def test_a_conversation_reuses_its_cache_turn_after_turn(hybrid_engine):
+    """Chat turns through the model's template: each turn's prompt extends the last answer,
+    so the target reads only what is new (no checkpoint, no re-read)."""
+    engine = hybrid_engine
+    messages = [{"role": "user", "content": "Name three colours."}]
+    first = engine.complete(messages, drafter="model", max_tokens=12, sampling=GREEDY)
+    restores, rereads = _rollbacks(engine)
+    messages += [{"role": "assistant", "content": first.text},
+                 {"role": "user", "content": "And three more."}]
+    second = engine.complete(messages, drafter="model", max_tokens=12, sampling=GREEDY)
+    assert second.stats.cached_prompt_tokens > 0
+    assert _rollbacks(engine)[1] == rereads
