@@ -133,3 +133,30 @@ def test_a_registered_spec_can_cap_its_source():
         sources.REGISTRY.clear()
         sources.REGISTRY.update(registry)
     assert made.max_length == 3
+
+
+def test_the_mtp_sources_hidden_rows_are_the_committed_tokens_and_bounded():
+    from edgespec.runtime.sources.mtp import HiddenRows
+
+    class Head:
+        n_embd = 2
+
+        def __init__(self):
+            self.rows = np.zeros((0, 2), np.float32)
+
+        def target_rows(self, n):
+            return self.rows[:n]
+
+    head = Head()
+    kept = HiddenRows(head, keep=8)
+    head.rows = np.array([[1, 1], [2, 2], [3, 3]], np.float32)
+    kept(10, np.array([5, 6, 7]))  # a call at positions 10..12
+    head.rows = np.array([[9, 9]], np.float32)
+    kept(11, np.array([8]))  # the round's rejected draft at 11 decoded again as 8
+    # a row counts only for the token read there; the others read as zero rows
+    assert kept.take([5, 8, 7], 10).tolist() == [[1, 1], [9, 9], [3, 3]]
+    assert kept.take([5], 10).tolist() == [[0, 0]]  # (taken: forgotten)
+    head.rows = np.ones((1, 2), np.float32)
+    for p in range(100, 200):
+        kept(p, np.array([1]))
+    assert len(kept.rows) <= 10 and max(kept.rows) == 199

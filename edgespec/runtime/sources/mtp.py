@@ -29,10 +29,13 @@ from .base import Draft, Drafter, Kit, SourceSpec
 
 
 class HiddenRows:
-    """The target's hidden row at each position it decoded, with the token it read there."""
+    """The target's hidden row at each position it decoded, with the token it read there: at
+    most the newest ``keep`` positions (while no ``mtp`` round reads them, e.g. a long stretch
+    of plain decoding, the older ones go; the head reads them as zero rows)."""
 
-    def __init__(self, head) -> None:
+    def __init__(self, head, keep: int = 4096) -> None:
         self.head = head
+        self.keep = keep
         self.rows: dict[int, tuple[int, np.ndarray]] = {}
 
     def __call__(self, pos: int, tokens: np.ndarray) -> None:
@@ -40,6 +43,8 @@ class HiddenRows:
         rows = self.head.target_rows(len(tokens))
         for i, token in enumerate(tokens.tolist()):
             self.rows[pos + i] = (token, rows[i])
+        if len(self.rows) > self.keep + self.keep // 4:  # (now and then: amortised)
+            self.forget_before(pos + len(tokens) - self.keep)
 
     def take(self, tokens: Sequence[int], start: int) -> np.ndarray:
         """The rows of ``tokens`` at ``start..`` (zero where not kept), forgetting them."""
