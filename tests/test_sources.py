@@ -3,6 +3,7 @@ the loop honours it (a source's own cap on its drafts' length, the hooks' defaul
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edgespec.core.costs import CallCosts, CostCurve
