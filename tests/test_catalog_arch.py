@@ -241,7 +241,9 @@ def test_arch_of_agrees_with_llama_cpp(path: Path):
 
     info = arch_of(path)
     assert info.mtp_layers == (1 if "-mtp-" in path.name else 0)
-    params = llama_cpp.llama_model_default_params()
+    from edgespec.runtime.llama_model import local_params
+
+    params, keep = local_params()  # (not an RPC worker an earlier test left registered)
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     assert model, f"llama.cpp cannot load {path}"

@@ -113,16 +113,15 @@ def test_has_mtp_on_the_synthetic_model(mtp_path, loaded):
 @pytest.mark.real
 def test_a_model_loaded_without_load_mtp_is_refused(mtp_path):
     """An MTP context on it would abort the process: refused before llama.cpp is asked."""
-    import llama_cpp
-    from llama_cpp import _internals
-
     from edgespec.runtime.mtp import MtpError, MtpHead, has_mtp
 
-    params = llama_cpp.llama_model_default_params()
-    model = _internals.LlamaModel(path_model=str(mtp_path), params=params, verbose=False)
+    from edgespec.runtime.llama_model import LlamaModel
+
+    # (edgespec's load: this machine's devices, never an RPC worker an earlier test left)
+    model = LlamaModel(Path(mtp_path))
     try:
         assert not has_mtp(model)
-        target = Target(model.model)
+        target = Target(model.handle.model)
         with pytest.raises(MtpError, match="load_mtp"):
             MtpHead(model, target.ctx)
         target.close()

@@ -157,16 +157,27 @@ def test_padded_vocabulary_and_command_line(tmp_path, capsys):
 # --------------------------------------------------------------------------- llama.cpp (real)
 
 
+#: the loaded models by pointer, freed by _free (edgespec's LlamaModel picks the devices)
+_LOADED: dict = {}
+
+
 def _load(path, *, load_mtp=False):
-    import llama_cpp
+    """The ``llama_model *`` of ``path``, loaded as edgespec loads a model: on this machine,
+    never on an RPC worker an earlier test registered and stopped (llama.cpp's default would
+    offload every layer to it)."""
+    from pathlib import Path
 
-    import edgespec.runtime.llama_log  # noqa: F401  (keeps llama.cpp's log quiet)
+    from edgespec.runtime.llama_model import LlamaModel
 
-    params = llama_cpp.llama_model_default_params()
-    params.load_mtp = load_mtp
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    assert model, f"llama.cpp could not load {path}"
-    return model
+    loaded = LlamaModel(Path(path), load_mtp=load_mtp)
+    pointer = loaded.handle.model
+    assert pointer, f"llama.cpp could not load {path}"
+    _LOADED[pointer] = loaded
+    return pointer
+
+
+def _free(pointer) -> None:
+    _LOADED.pop(pointer).close()
 
 
 def _context(model, **fields):
@@ -205,7 +216,7 @@ def _greedy(path, n=16, **load):
         return out, bool(llama_cpp.llama_model_is_hybrid(model))
     finally:
         llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
+        _free(model)
 
 
 @pytest.mark.real
@@ -234,7 +245,7 @@ def test_mtp_loads_and_makes_an_mtp_context(tiny_files):
         assert llama_cpp.llama_n_rs_seq(ctx) == 4
         llama_cpp.llama_free(ctx)
     finally:
-        llama_cpp.llama_model_free(model)
+        _free(model)
 
 
 @pytest.mark.real
@@ -249,7 +260,7 @@ def test_a_model_without_mtp_layers_refuses_an_mtp_context(tiny_files):
         assert llama_cpp.llama_n_rs_seq(ctx) == 2  # LFM2 supports partial rollback too
         llama_cpp.llama_free(ctx)
     finally:
-        llama_cpp.llama_model_free(model)
+        _free(model)
 
 
 @pytest.mark.real

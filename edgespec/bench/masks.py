@@ -53,9 +53,12 @@ class Vocabulary:
 
         self.path = Path(path)
         backend.check_gguf_file(self.path)
-        params = llama_cpp.llama_model_default_params()
+        from ..runtime.llama_model import local_params
+
+        params, keep = local_params()
         params.vocab_only = True
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        del keep  # (read by the load only)
         if not self._model:
             raise ModelError(f"cannot load the vocabulary of {self.path}")
         self.vocab = llama_cpp.llama_model_get_vocab(self._model)

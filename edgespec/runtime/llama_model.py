@@ -36,6 +36,18 @@ def offload_devices(endpoints: tuple[str, ...], *, with_local: bool = False):
     return local
 
 
+def local_params():
+    """llama.cpp's default model parameters on this machine's devices only, and the device
+    array they point to (keep it alive while loading): left to llama.cpp, a load would take
+    every registered device, an RPC worker this process connected to (and lost) included."""
+    params = llama_cpp.llama_model_default_params()
+    devices = offload_devices(())
+    keep = None if devices is None else rpc.device_array(devices)
+    if keep is not None:
+        params.devices = ctypes.cast(keep, ctypes.c_void_p).value
+    return params, keep
+
+
 def _split_array(weights: tuple[float, ...], devices) -> ctypes.Array:
     """``llama_model_params.tensor_split``: a weight per device (llama.cpp reads one for each)."""
     if not devices:

@@ -178,10 +178,14 @@ def load_with_mtp(path: str | os.PathLike, *, n_gpu_layers: int = 0, verbose: bo
 
     if not has_mtp(path):
         raise MtpError(f"{path} has no MTP layers (<arch>.nextn_predict_layers)")
-    params = llama_cpp.llama_model_default_params()
+    from .llama_model import local_params
+
+    params, keep = local_params()
     params.n_gpu_layers = n_gpu_layers
     params.load_mtp = True
-    return _internals.LlamaModel(path_model=str(Path(path)), params=params, verbose=verbose)
+    model = _internals.LlamaModel(path_model=str(Path(path)), params=params, verbose=verbose)
+    model._edgespec_devices = keep  # (the array outlives the load)
+    return model
 
 
 @dataclass
