@@ -241,9 +241,9 @@ def test_arch_of_agrees_with_llama_cpp(path: Path):
 
     info = arch_of(path)
     assert info.mtp_layers == (1 if "-mtp-" in path.name else 0)
-    from edgespec.runtime.llama_model import local_params
+    from edgespec.runtime.llama_model import model_params
 
-    params, keep = local_params()  # (not an RPC worker an earlier test left registered)
+    params, _, keep = model_params()  # (not an RPC worker an earlier test left registered)
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     assert model, f"llama.cpp cannot load {path}"

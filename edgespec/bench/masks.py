@@ -53,9 +53,9 @@ class Vocabulary:
 
         self.path = Path(path)
         backend.check_gguf_file(self.path)
-        from ..runtime.llama_model import local_params
+        from ..runtime.llama_model import model_params
 
-        params, keep = local_params()
+        params, _, keep = model_params()
         params.vocab_only = True
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         del keep  # (read by the load only)

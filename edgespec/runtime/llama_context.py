@@ -223,8 +223,8 @@ class LlamaContext:
         the model or build keeps none."""
         if self.recurrent is None:
             return None
-        one_call = self.params.piece or min(MAX_SAMPLED_ROWS, self.n_batch)
-        return max(min(self.recurrent.snapshots, one_call - 1), 0)
+        # (no fixed width here: a recurrent model refuses one)
+        return max(min(self.recurrent.snapshots, self._picks_per_call - 1), 0)
 
     # ---- lifecycle -------------------------------------------------------------------------
 

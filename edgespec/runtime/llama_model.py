@@ -36,16 +36,17 @@ def offload_devices(endpoints: tuple[str, ...], *, with_local: bool = False):
     return local
 
 
-def local_params():
-    """llama.cpp's default model parameters on this machine's devices only, and the device
-    array they point to (keep it alive while loading): left to llama.cpp, a load would take
+def model_params(endpoints: tuple[str, ...] = (), *, with_local: bool = False):
+    """llama.cpp's default model parameters with the devices :func:`offload_devices` gives
+    (this machine's only, without ``endpoints``), those devices, and the array the
+    parameters point to (keep it alive while loading): left to llama.cpp, a load would take
     every registered device, an RPC worker this process connected to (and lost) included."""
     params = llama_cpp.llama_model_default_params()
-    devices = offload_devices(())
+    devices = offload_devices(endpoints, with_local=with_local)
     keep = None if devices is None else rpc.device_array(devices)
     if keep is not None:
         params.devices = ctypes.cast(keep, ctypes.c_void_p).value
-    return params, keep
+    return params, devices, keep
 
 
 def _split_array(weights: tuple[float, ...], devices) -> ctypes.Array:
@@ -103,12 +104,8 @@ class LlamaModel:
                 tensor_split: tuple[float, ...]):
         """llama.cpp's model parameters; the device and split arrays they point to are kept
         alive with the model."""
-        params = llama_cpp.llama_model_default_params()
+        params, devices, self._devices = model_params(endpoints, with_local=bool(tensor_split))
         params.n_gpu_layers = n_gpu_layers
-        devices = offload_devices(endpoints, with_local=bool(tensor_split))
-        self._devices = None if devices is None else rpc.device_array(devices)
-        if self._devices is not None:
-            params.devices = ctypes.cast(self._devices, ctypes.c_void_p).value
         if tensor_split:
             self._split = _split_array(tensor_split, devices or [])
             params.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))

@@ -210,10 +210,10 @@ class Speculator:
         # driver then plays a longer round in calls that each judge reach + 1 drafts
         # (:meth:`in_calls`); the asynchronous one, whose round is one call, drafts no more.
         reach = caps.draft_reach
-        self._k = min([gen.draft_length] + [cap for cap in (
-            drafter.max_length, reach if self.ahead or not reach else None) if cap is not None])
-        #: drafts one call may judge, where a round must be split (None: never)
-        self.per_call: int | None = reach + 1 if reach else None
+        #: drafts one call may judge where a round is split into calls (None: never)
+        self.per_call: int | None = reach + 1 if reach and not self.ahead else None
+        caps_k = [drafter.max_length, reach if self.per_call is None else None]
+        self._k = min([gen.draft_length, *(cap for cap in caps_k if cap is not None)])
         self.n_ctx = target.n_ctx
         self._max_new = gen.max_new_tokens
         self._t_scored = 0.0  #: when the last call's output was in hand (the verdict's start)

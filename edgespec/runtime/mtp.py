@@ -109,32 +109,6 @@ class MtpError(RuntimeError):
     """The MTP head cannot be built or a call to it failed."""
 
 
-def _arch_and_layers(meta: Callable[[str], object]) -> int:
-    arch = meta("general.architecture")
-    if not arch:
-        return 0
-    try:
-        return int(meta(f"{arch}.nextn_predict_layers") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-class _NextnKeys:
-    """The metadata keys :func:`nextn_layers` reads (the architecture's not known before)."""
-
-    def __contains__(self, key: object) -> bool:
-        return key == "general.architecture" or str(key).endswith(".nextn_predict_layers")
-
-
-def _meta_of_pointer(model) -> Callable[[str], str | None]:
-    def get(key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-        return buf.value.decode() if n >= 0 else None
-
-    return get
-
-
 def _pointer(model):
     """(the ``llama_model *``, whether it was loaded with ``load_mtp`` or None: unknown)."""
     for attr in ("handle", "_model"):  # edgespec's LlamaModel, llama_cpp.Llama
@@ -150,13 +124,11 @@ def nextn_layers(path_or_model) -> int:
     """How many MTP (NextN) layers the GGUF file or loaded model declares
     (``<arch>.nextn_predict_layers``; 0 without)."""
     if isinstance(path_or_model, (str, os.PathLike)):
-        from ..models.gguf_meta import read_metadata
+        from ..models.gguf_meta import arch_of
 
-        with open(path_or_model, "rb") as fh:
-            meta = read_metadata(fh, keys=_NextnKeys())
-        return _arch_and_layers(meta.get)
+        return arch_of(path_or_model).mtp_layers
     ptr, _ = _pointer(path_or_model)
-    return _arch_and_layers(_meta_of_pointer(ptr))
+    return int(llama_cpp.llama_model_n_layer_nextn(ptr))
 
 
 def has_mtp(path_or_model) -> bool:
@@ -178,9 +150,9 @@ def load_with_mtp(path: str | os.PathLike, *, n_gpu_layers: int = 0, verbose: bo
 
     if not has_mtp(path):
         raise MtpError(f"{path} has no MTP layers (<arch>.nextn_predict_layers)")
-    from .llama_model import local_params
+    from .llama_model import model_params
 
-    params, keep = local_params()
+    params, _, keep = model_params()
     params.n_gpu_layers = n_gpu_layers
     params.load_mtp = True
     model = _internals.LlamaModel(path_model=str(Path(path)), params=params, verbose=verbose)

@@ -197,11 +197,10 @@ class LoadOptions:
                   n_gpu_layers=ngl, draft_n_gpu_layers=draft_ngl, fixed_width=width)
 
     def target_options(self, path: Path):
-        """How the target at ``path`` loads (:class:`~edgespec.runtime.backend.ModelOptions`)."""
-        from dataclasses import replace
-
-        return replace(self._model(path, self.n_gpu_layers, self.batch_consistent,
-                                   self.fixed_width, self.rpc, self.tensor_split), mtp=True)
+        """How the target at ``path`` loads (:class:`~edgespec.runtime.backend.ModelOptions`),
+        its multi-token-prediction layers too where it has some (the ``mtp`` source's)."""
+        return self._model(path, self.n_gpu_layers, self.batch_consistent, self.fixed_width,
+                           self.rpc, self.tensor_split, mtp=True)
 
     def draft_options(self, path: Path, same_file: bool):
         """Exactness needs only the target's logits to be batch-independent: the draft's q is
@@ -211,7 +210,7 @@ class LoadOptions:
                            self.fixed_width if same_file else 0, self.draft_rpc)
 
     def _model(self, path: Path, ngl: int, consistent: bool, width: int,
-               workers: tuple[str, ...], split: tuple[float, ...] = ()):
+               workers: tuple[str, ...], split: tuple[float, ...] = (), *, mtp: bool = False):
         from .backend import ModelOptions
 
         # A worker's CPU computes without llama.cpp's repacked weights (the RPC server
@@ -219,4 +218,4 @@ class LoadOptions:
         return ModelOptions(path=path, n_gpu_layers=ngl, n_threads=self.n_threads,
                             n_ctx=self.n_ctx, n_batch=self.n_batch, batch_consistent=consistent,
                             rpc=workers, rpc_timeout=self.rpc_timeout, repack=not workers,
-                            tensor_split=split, fixed_width=width)
+                            tensor_split=split, fixed_width=width, mtp=mtp)

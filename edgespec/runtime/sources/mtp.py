@@ -74,6 +74,7 @@ class MtpDrafter(Drafter):
         self.window = window
         self.guide = guide if guide is not None and (guide.shaped or guide.constrained) else None
         self._step_s: float | None = None
+        self._context: Sequence[int] | None = None  #: the text the last proposal was for
 
     def propose(self, context, k, params: SamplingParams, rng: np.random.Generator) -> Draft:
         head = self.head
@@ -81,7 +82,13 @@ class MtpDrafter(Drafter):
         k = min(k, head.n_ctx - n)
         if k <= 0 or n < 0:
             return Draft(source=self.name)
-        keep = common_prefix(head.tokens, context[:n]) if head.n_past else 0
+        # The head holds only committed tokens of the text it last drafted for, which only
+        # grows: for that text all it holds stands (a compare of the whole text once a text).
+        if context is self._context and head.n_past <= n:
+            keep = head.n_past
+        else:
+            keep = common_prefix(head.tokens, context[:n]) if head.n_past else 0
+            self._context = context
         head.rollback(keep)
         if keep < n:
             feed = context[keep:n]
